@@ -1,0 +1,149 @@
+"""Model and tokenizer helpers: tiny offline models for tests and demos, and layer-pruned students."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
+
+__all__ = ["build_tiny_causal_lm", "build_tiny_tokenizer", "prune_decoder_layers"]
+
+# ChatML, as SmolLM2 and Qwen use it.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with no merges (one token per byte) and a ChatML chat template, built offline.
+
+    Its vocabulary is the 256 byte symbols plus `<|im_start|>`, `<|im_end|>` (eos) and `<pad>`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_tokenizer
+    >>> tok = build_tiny_tokenizer()
+    >>> len(tok), tok.decode(tok("Hi!")["input_ids"])
+    (259, 'Hi!')
+    ```
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tokenizer.add_special_tokens(
+        {"eos_token": "<|im_end|>", "pad_token": "<pad>", "additional_special_tokens": ["<|im_start|>"]}
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_causal_lm(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama causal LM small enough for CPU tests (about 30k parameters by default).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+    >>> model = build_tiny_causal_lm(build_tiny_tokenizer())
+    >>> model.config.num_hidden_layers, model.config.vocab_size
+    (2, 259)
+    ```
+    """
+    tokenizer = tokenizer or build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=vocab_size or len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def prune_decoder_layers(model: PreTrainedModel, keep: Sequence[int]) -> PreTrainedModel:
+    """A copy of `model` that keeps only the decoder layers `keep` (in order), sharing nothing with the original.
+
+    The usual way to make a student from a teacher: same tokenizer and head, fewer layers.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm, prune_decoder_layers
+    >>> teacher = build_tiny_causal_lm(num_hidden_layers=4)
+    >>> prune_decoder_layers(teacher, keep=[0, 3]).config.num_hidden_layers
+    2
+    ```
+    """
+    layers = model.get_decoder().layers
+    keep = list(keep)
+    if not keep or any(not 0 <= i < len(layers) for i in keep) or len(set(keep)) != len(keep):
+        raise ValueError(f"keep must list distinct layer indices in [0, {len(layers)}), got {keep}.")
+    student = copy.deepcopy(model)
+    decoder = student.get_decoder()
+    decoder.layers = torch.nn.ModuleList([decoder.layers[i] for i in keep])
+    for new_index, layer in enumerate(decoder.layers):
+        if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx"):
+            layer.self_attn.layer_idx = new_index
+    student.config.num_hidden_layers = len(keep)
+    if getattr(student.config, "layer_types", None) is not None:
+        student.config.layer_types = [student.config.layer_types[i] for i in keep]
+    return student
+
+
+def unpack_cpu_4bit_weights(model: torch.nn.Module) -> int:
+    """Undo bitsandbytes' CPU inference packing of 4-bit weights; return the number of layers restored.
+
+    On CPUs with AVX-512 BF16, bitsandbytes repacks a `Linear4bit` weight for fast inference the first time the layer
+    runs in eval mode without gradients (generation, evaluation) and never packs it back. A LoRA adapter on such a
+    layer then silently receives no gradient. Calling this before a training forward restores the trainable layout.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm, unpack_cpu_4bit_weights
+    >>> unpack_cpu_4bit_weights(build_tiny_causal_lm())  # nothing quantized, nothing to do
+    0
+    ```
+    """
+    try:
+        from bitsandbytes.nn import Linear4bit
+        from bitsandbytes.nn.modules import _convert_weight_packed_for_cpu_inverse
+    except ImportError:  # bitsandbytes missing, or a version without CPU packing
+        return 0
+    restored = 0
+    for module in model.modules():
+        if not isinstance(module, Linear4bit):
+            continue
+        state = getattr(module.weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state
+            )
+            restored += 1
+    return restored

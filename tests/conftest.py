@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny offline models, a ChatML tokenizer, prompt datasets and configs. Nothing touches the Hub."""
+
+import os
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hf_rockopd import RockOPDConfig
+from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture
+def student(tokenizer):
+    return build_tiny_causal_lm(tokenizer, seed=0)
+
+
+@pytest.fixture
+def teacher(tokenizer):
+    return build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
+
+
+def make_dataset(n: int = 16) -> Dataset:
+    return Dataset.from_list(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {i} + {i + 1}?"},
+                    {"role": "assistant", "content": f"{i} + {i + 1} = {2 * i + 1}. The answer is {2 * i + 1}."},
+                ]
+            }
+            for i in range(n)
+        ]
+    )
+
+
+@pytest.fixture
+def dataset():
+    return make_dataset()
+
+
+def make_args(output_dir, **overrides) -> RockOPDConfig:
+    defaults = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        max_new_tokens=12,
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        rock_policy="uniform",
+        seed=0,
+        disable_tqdm=True,
+    )
+    defaults.update(overrides)
+    return RockOPDConfig(**defaults)
+
+
+@pytest.fixture
+def args_factory(tmp_path):
+    return lambda **kw: make_args(tmp_path / "out", **kw)
