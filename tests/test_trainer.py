@@ -447,3 +447,13 @@ def test_teacher_model_init_kwargs_without_dtype(student, teacher, tokenizer, ar
     args = args_factory(teacher_model_init_kwargs={"low_cpu_mem_usage": True})
     trainer = make_trainer(student, str(tmp_path / "teacher"), args, tokenizer)
     assert trainer.teacher_model.config.num_hidden_layers == 3
+
+
+def test_evaluate_reports_loss_and_rock_metrics_without_learning(student, teacher, tokenizer, args_factory):
+    args = args_factory(rock_policy="rock_online", rock_policy_kwargs=ONLINE, per_device_eval_batch_size=4)
+    trainer = make_trainer(student, teacher, args, tokenizer, eval_dataset=make_dataset(8))
+    before = trainer.rock_policy.state_dict()
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] > 0 and "eval_rock/frozen_fraction" in metrics
+    after = trainer.rock_policy.state_dict()
+    torch.testing.assert_close(before["pending"], after["pending"])  # evaluation batches teach the policy nothing
