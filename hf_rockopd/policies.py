@@ -186,7 +186,9 @@ def register_policy(name: str, cls: type[TokenPolicy] | None = None, *, overwrit
                 "pass overwrite=True."
             )
         _REGISTRY[name] = policy_cls
-        if not policy_cls.name:
+        # `name` must be the class's own: a subclass inheriting its parent's name would be saved and logged as the
+        # parent policy.
+        if not vars(policy_cls).get("name"):
             policy_cls.name = name
         return policy_cls
 
@@ -215,7 +217,8 @@ def _policy_class(name: str) -> type[TokenPolicy]:
 def check_policy_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     """Raise `ValueError` if `name` is unknown or its constructor does not take one of `kwargs`."""
     cls = _policy_class(name)
-    params = inspect.signature(cls.__init__).parameters
+    # A class without its own `__init__` reports `object.__init__(self, *args, **kwargs)`, yet takes no arguments.
+    params = {} if cls.__init__ is object.__init__ else inspect.signature(cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     accepted = [p for p in params if p != "self"]
@@ -330,7 +333,8 @@ class TokenStatistics:
         """`(V,)` mean divergence per id; NaN where no occurrence was measured."""
         return torch.where(
             self.divergence_count > 0,
-            self.divergence_sum / self.divergence_count.clamp(min=1),
+            # Not clamp(min=1): decayed (EMA) counts are fractional, and sum / count must stay a mean.
+            self.divergence_sum / torch.where(self.divergence_count > 0, self.divergence_count, 1.0),
             torch.full_like(self.divergence_sum, math.nan),
         )
 
@@ -444,7 +448,8 @@ class RockFreezePolicy(TokenPolicy):
         return self._stats.table(self.token_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"token_ids": list(self.token_ids), "stats": None if self._stats is None else self._stats.data}
+        # A copy: `update()` adds to the live tensor in place, which would change a state already handed out.
+        return {"token_ids": list(self.token_ids), "stats": None if self._stats is None else self._stats.data.clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if list(state["token_ids"]) != list(self.token_ids):
@@ -879,7 +884,9 @@ class EntropyPolicy(TokenPolicy):
         w = torch.where(batch.mask, self.weight, 0.0).to(torch.float32)
         if n_valid == 0:
             return w
-        k = max(1, math.ceil(self.keep_fraction * n_valid))
+        # The relative slack absorbs float round-off: 0.07 * 100 is 7.000000000000001, whose ceil would keep 8.
+        x = self.keep_fraction * n_valid
+        k = max(1, math.ceil(x - 1e-9 * x))
         ent = batch.student_entropy.flatten().float().masked_fill(~flat_mask, -math.inf)
         keep = torch.topk(ent, k).indices
         w = w.flatten()
