@@ -17,6 +17,17 @@ from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 torch.set_num_threads(2)
 
 
+@pytest.fixture(autouse=True)
+def _isolated_policy_registry():
+    """Policies a test registers (README examples, custom policies) must not leak into other tests' error messages."""
+    from hf_rockopd import policies
+
+    saved = dict(policies._REGISTRY)
+    yield
+    policies._REGISTRY.clear()
+    policies._REGISTRY.update(saved)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tiny_tokenizer()
