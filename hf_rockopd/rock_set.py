@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -194,6 +194,34 @@ def load_rock_set(path: str | os.PathLike, vocab_size: int | None = None) -> dic
         )
     data["token_ids"] = validate_token_ids(data["token_ids"], vocab_size, source=f"rock-set file {path!r}")
     return data
+
+
+def check_rock_set_tokenizer(path: str | os.PathLike, decode: Callable[[list[int]], str]) -> None:
+    """Raise `ValueError` naming the file if its decoded tokens are not what `decode` gives for the same ids.
+
+    Catches a rock set made with another tokenizer of the same vocabulary size, which the size check cannot. Files
+    without decoded `tokens` rows (a bare id list) cannot be checked and pass.
+
+    Example:
+    ```python
+    >>> import os, tempfile
+    >>> from hf_rockopd.rock_set import check_rock_set_tokenizer, save_rock_set
+    >>> path = os.path.join(tempfile.mkdtemp(), "rock_set.json")
+    >>> save_rock_set(path, [{"token_id": 1, "token": "b"}], vocab_size=3)
+    >>> check_rock_set_tokenizer(path, lambda ids: "abc"[ids[0]])  # same tokenizer: no error
+    ```
+    """
+    data = load_rock_set(path)
+    rows = [r for r in data.get("tokens") or [] if isinstance(r, dict) and isinstance(r.get("token"), str)]
+    mismatched = [(int(r["token_id"]), r["token"], decode([int(r["token_id"])])) for r in rows]
+    mismatched = [m for m in mismatched if m[1] != m[2]]
+    if mismatched:
+        shown = ", ".join(f"id {i}: file {a!r} vs tokenizer {b!r}" for i, a, b in mismatched[:5])
+        raise ValueError(
+            f"Rock-set file {os.fspath(path)!r} was made with another tokenizer "
+            f"({data.get('tokenizer', 'unknown')!r}): {len(mismatched)} of {len(rows)} tokens decode differently "
+            f"({shown}). Rebuild the rock set with this run's tokenizer."
+        )
 
 
 def validate_token_ids(token_ids: Any, vocab_size: int | None, source: str) -> list[int]:

@@ -21,10 +21,11 @@ from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 
 from .config import RockOPDConfig
+from .data import OnPolicyChatMLCollator, check_prompt_lengths
 from .losses import ChunkedDivergence, chunked_divergence, weighted_loss
 from .models import unpack_cpu_4bit_weights
 from .policies import TokenBatch, TokenPolicy, get_policy
-from .rock_set import save_rock_set
+from .rock_set import check_rock_set_tokenizer, save_rock_set
 
 
 logger = logging.get_logger(__name__)
@@ -97,6 +98,28 @@ def _vocab_size(model: nn.Module) -> int:
     if weight is not None and weight.dim() == 2 and weight.shape[0] > 1 and not hasattr(weight, "quant_state"):
         return int(weight.shape[0])
     return int(config_vocab)
+
+
+def _check_supported_setup(args: RockOPDConfig) -> None:
+    """Refuse process set-ups in which the loss would be wrong or each process would train on its own."""
+    fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if fsdp:
+        # Output heads are called outside the wrapped forward (only the weighted rows are projected), which FSDP's
+        # sharded parameters do not allow, and GKDTrainer leaves the teacher unsharded (TRL issue 2580).
+        raise ValueError(
+            "RockOPDTrainer does not support FSDP yet. Supported: a single process (GPU or CPU, LoRA and 4-bit "
+            "students included) and DDP (`accelerate launch --multi_gpu`, or torchrun; on CPU-only machines set "
+            "use_cpu=True for gloo). DeepSpeed goes through GKDTrainer's teacher preparation but has not been run: "
+            "see the README's tested matrix."
+        )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and args.world_size == 1:
+        raise ValueError(
+            f"This process was launched as one of WORLD_SIZE={launched} processes, but the Trainer runs "
+            "single-process, so every process would train and save its own model and rock set. On a machine "
+            "without GPUs set use_cpu=True (or launch with ACCELERATE_USE_CPU=true) so the processes join a gloo "
+            "group; on GPUs check that CUDA is visible to every process."
+        )
 
 
 @dataclass
@@ -188,6 +211,19 @@ class RockOPDTrainer(GKDTrainer):
             raise ValueError("RockOPDTrainer needs a teacher_model (a model or a model name/path).")
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
+        _check_supported_setup(args)
+        if data_collator is None:
+            if processing_class is None:
+                raise ValueError(
+                    "RockOPDTrainer needs processing_class: the tokenizer that student and teacher share. Pass "
+                    "processing_class=AutoTokenizer.from_pretrained(<student>)."
+                )
+            data_collator = OnPolicyChatMLCollator(tokenizer=processing_class, max_length=args.max_length)
+        if isinstance(data_collator, OnPolicyChatMLCollator):
+            # Fail before any model is loaded, not at the batch that holds the first over-long prompt.
+            for split in (train_dataset, *(eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset])):
+                if split is not None:
+                    check_prompt_lengths(split, data_collator)
 
         # Build the policy first, so a bad name or bad kwargs fail before any model is loaded.
         self.rock_policy = self._build_policy(rock_policy, args)
@@ -237,6 +273,11 @@ class RockOPDTrainer(GKDTrainer):
             )
         self._vocab_size = student_vocab
         self.rock_policy.setup(self._vocab_size)
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        for source in (getattr(self.rock_policy, "source", None), getattr(self.rock_policy, "rock_source", None)):
+            if source is not None:
+                check_rock_set_tokenizer(source, tokenizer.decode)
+        self._warn_on_eos_mismatch(teacher, tokenizer)
         self._forward_redirection = _ForwardRedirection()
         self._micro_step = 0
         self._accumulation_batches: list[dict[str, Any]] = []
@@ -244,6 +285,32 @@ class RockOPDTrainer(GKDTrainer):
         self._has_4bit_layers = any(type(m).__name__ == "Linear4bit" for m in student.modules())
 
     # ------------------------------------------------------------------------------------------------ set-up ----
+    def _warn_on_eos_mismatch(self, teacher: nn.Module, tokenizer: Any) -> None:
+        """Completions end at the student's stop ids; a teacher that stops elsewhere scores those ends as unlikely.
+
+        Pad ids need no check: every position is masked by the attention mask, never matched by id.
+        """
+
+        def ids(value: Any) -> set[int]:
+            return set() if value is None else {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
+
+        student_stop = ids(self.generation_config.eos_token_id) or ids(getattr(tokenizer, "eos_token_id", None))
+        teacher_generation = getattr(teacher, "generation_config", None)
+        teacher_stop = ids(getattr(teacher_generation, "eos_token_id", None)) or ids(
+            teacher.config.get_text_config().eos_token_id
+        )
+        if student_stop and teacher_stop and not student_stop & teacher_stop:
+
+            def shown(stop: set[int]) -> str:
+                return ", ".join(f"{i} ({tokenizer.decode([i])!r})" for i in sorted(stop))
+
+            logger.warning(
+                f"The student's completions end with eos id(s) {shown(student_stop)}, but the teacher's eos is "
+                f"{shown(teacher_stop)}. The teacher is scored on predicting the student's eos, which it "
+                "may rate as unlikely, inflating the divergence of every final token. Use one chat template for both "
+                "(set teacher.generation_config.eos_token_id) unless this is intended."
+            )
+
     @staticmethod
     def _build_policy(rock_policy: TokenPolicy | str | None, args: RockOPDConfig) -> TokenPolicy:
         if isinstance(rock_policy, TokenPolicy):
@@ -288,6 +355,13 @@ class RockOPDTrainer(GKDTrainer):
         inputs["input_ids"], inputs["attention_mask"], inputs["labels"] = input_ids, attention_mask, labels
         lengths = (labels[:, 1:] != -100).sum(dim=1).float()
         self._metrics["train"]["completions/mean_length"].append(lengths.mean().item())
+        eos = self.generation_config.eos_token_id
+        if eos is not None:
+            # A completion without eos hit max_new_tokens: it is scored as is, but a high share means the student
+            # is trained on cut-off answers (raise max_new_tokens), as in TRL's GRPO `clipped_ratio`.
+            eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=labels.device)
+            ended = (torch.isin(labels, eos_ids) & (labels != -100)).any(dim=1)
+            self._metrics["train"]["completions/clipped_ratio"].append((~ended).float().mean().item())
 
     def _count_completion_tokens(self, batch_samples: list[dict[str, Any]], device) -> torch.Tensor | None:
         if not batch_samples:

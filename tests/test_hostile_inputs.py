@@ -1,0 +1,188 @@
+"""Hostile inputs: each is handled correctly (and said so) or stopped with a clear error before training."""
+
+import logging
+import math
+
+import pytest
+import torch
+from conftest import make_dataset
+from datasets import Dataset
+from trl.experimental.utils import DataCollatorForChatML
+
+from hf_rockopd import RockOPDTrainer
+from hf_rockopd.data import OnPolicyChatMLCollator, PromptTooLongError
+from hf_rockopd.models import build_tiny_causal_lm
+from hf_rockopd.rock_set import save_rock_set
+
+
+def make_trainer(student, teacher, args, tokenizer, dataset=None, **kwargs):
+    return RockOPDTrainer(
+        model=student,
+        teacher_model=teacher,
+        args=args,
+        train_dataset=dataset if dataset is not None else make_dataset(),
+        processing_class=tokenizer,
+        **kwargs,
+    )
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+# ---------------------------------------------------------------------------------------------- set-up ----
+def test_fsdp_is_refused_before_any_model_is_loaded(student, tokenizer, args_factory, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match="does not support FSDP yet. Supported: a single process"):
+        # A teacher path that does not exist: the FSDP check must come first.
+        make_trainer(student, "/nonexistent/teacher", args_factory(), tokenizer)
+
+
+def test_processes_that_did_not_join_a_group_are_refused(student, teacher, tokenizer, args_factory, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=2 processes, but the Trainer runs single-process.*use_cpu=True"):
+        make_trainer(student, teacher, args_factory(), tokenizer)
+
+
+def test_missing_tokenizer_is_a_clear_error(student, teacher, args_factory):
+    with pytest.raises(ValueError, match="needs processing_class"):
+        RockOPDTrainer(model=student, teacher_model=teacher, args=args_factory(), train_dataset=make_dataset())
+
+
+def test_dataset_without_messages_or_prompt_fails_before_training(student, teacher, tokenizer, args_factory):
+    dataset = Dataset.from_list([{"question": "2+2?", "answer": "4"}])
+    with pytest.raises(ValueError, match=r"neither 'messages' nor 'prompt'; it has \['answer', 'question'\]"):
+        make_trainer(student, teacher, args_factory(), tokenizer, dataset=dataset)
+
+
+# -------------------------------------------------------------------------------------- prompt lengths ----
+def long_prompt_dataset(n_words):
+    return Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": "short?"}, {"role": "assistant", "content": "yes"}]},
+            {"messages": [{"role": "user", "content": "word " * n_words}, {"role": "assistant", "content": "ok"}]},
+        ]
+    )
+
+
+def test_prompt_longer_than_max_length_fails_at_start_naming_it(student, teacher, tokenizer, args_factory):
+    with pytest.raises(PromptTooLongError, match=r"1 of 2 prompts are longer than max_length=32: #1 \(\d+ tokens\)"):
+        make_trainer(student, teacher, args_factory(max_length=32), tokenizer, dataset=long_prompt_dataset(40))
+
+
+def test_prompt_is_kept_whole_when_the_dataset_answer_does_not_fit(tokenizer):
+    messages = [{"role": "user", "content": "What is 12 + 30?"}, {"role": "assistant", "content": "The sum is 42. So 42."}]
+    prompt_ids = tokenizer(
+        tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
+    max_length = len(prompt_ids) + 10
+    ours = OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=max_length)([{"messages": messages}])
+    assert ours["prompts"][0].tolist() == prompt_ids
+    assert ours["input_ids"].shape[1] == max_length
+    assert int((ours["labels"] != -100).sum()) == 10  # the dataset answer is what got shortened
+    # TRL's collator keeps the last max_length tokens instead and so cuts the question.
+    trl = DataCollatorForChatML(tokenizer=tokenizer, max_length=max_length)([{"messages": messages}])
+    assert trl["prompts"][0].tolist() != prompt_ids
+
+
+def test_prompt_only_examples_are_accepted(tokenizer):
+    batch = OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=64)(
+        [{"prompt": [{"role": "user", "content": "Hi"}]}, {"prompt": "<|im_start|>user\nHey<|im_end|>\n"}]
+    )
+    assert batch["prompts"].shape[0] == 2
+    assert (batch["labels"] == -100).all()
+
+
+# ---------------------------------------------------------------------------------------- completions ----
+def test_empty_completion_for_every_prompt_trains_on_the_eos_token(student, teacher, tokenizer, args_factory):
+    trainer = make_trainer(student, teacher, args_factory(max_steps=2), tokenizer)
+    # The student can only say eos: every completion is the empty answer.
+    trainer.generation_config.suppress_tokens = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]
+    trainer.train()
+    assert logged(trainer, "completions/mean_length") == [1.0, 1.0]
+    assert logged(trainer, "completions/clipped_ratio") == [0.0, 0.0]
+    losses = logged(trainer, "loss")
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
+
+
+def test_completion_at_the_length_limit_is_scored_and_reported_as_clipped(student, teacher, tokenizer, args_factory):
+    trainer = make_trainer(student, teacher, args_factory(max_steps=2, max_new_tokens=7), tokenizer)
+    trainer.generation_config.suppress_tokens = [tokenizer.eos_token_id]
+    seen = []
+    original = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        seen.append(inputs["labels"].clone())
+        return original(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    trainer.train()
+    assert logged(trainer, "completions/mean_length") == [7.0, 7.0]
+    assert logged(trainer, "completions/clipped_ratio") == [1.0, 1.0]
+    # The last generated token (the final column) is a scored label in every row.
+    assert all((labels[:, -1] != -100).all() for labels in seen)
+    assert all(math.isfinite(x) for x in logged(trainer, "loss"))
+
+
+# ------------------------------------------------------------------------------------ special tokens ----
+def test_teacher_with_another_eos_is_warned_about(student, teacher, tokenizer, args_factory, caplog):
+    teacher.generation_config.eos_token_id = 3
+    teacher.config.eos_token_id = 3
+    with caplog.at_level(logging.WARNING):
+        make_trainer(student, teacher, args_factory(), tokenizer)
+    assert "end with eos id(s) 256 ('<|im_end|>'), but the teacher's eos is 3" in caplog.text
+
+
+def test_teacher_with_another_pad_id_gives_the_same_loss(tokenizer, args_factory):
+    def loss_with(pad_id):
+        student = build_tiny_causal_lm(tokenizer, seed=0)
+        teacher = build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
+        teacher.config.pad_token_id = pad_id
+        teacher.generation_config.pad_token_id = pad_id
+        trainer = make_trainer(student, teacher, args_factory(), tokenizer)
+        inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+        inputs = {k: v for k, v in inputs.items() if torch.is_tensor(v)}
+        return trainer.compute_loss(trainer.model, inputs).item()
+
+    # Padding is masked by position (attention mask, labels), never matched by id.
+    assert loss_with(tokenizer.pad_token_id) == loss_with(0)
+
+
+# ---------------------------------------------------------------------------------------- rock sets ----
+def test_rock_set_from_another_tokenizer_of_the_same_size_names_the_file(
+    student, teacher, tokenizer, args_factory, tmp_path
+):
+    path = tmp_path / "rock_set.json"
+    save_rock_set(path, [{"token_id": 65, "token": "zz"}, {"token_id": 66, "token": tokenizer.decode([66])}],
+                  vocab_size=len(tokenizer), tokenizer_name="other/tokenizer")
+    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    with pytest.raises(ValueError, match=r"rock_set.json' was made with another tokenizer \('other/tokenizer'\): 1 of"):
+        make_trainer(student, teacher, args, tokenizer)
+
+
+def test_rock_set_from_the_same_tokenizer_is_accepted(student, teacher, tokenizer, args_factory, tmp_path):
+    path = tmp_path / "rock_set.json"
+    save_rock_set(path, [{"token_id": 65, "token": tokenizer.decode([65])}], vocab_size=len(tokenizer))
+    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    assert make_trainer(student, teacher, args, tokenizer).rock_policy.rock_ids() == [65]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"token_ids": []}', "has an empty token_ids list"),
+        ('{"token_ids": [5, 100000]}', r"ids outside the vocabulary \[0, 259\)"),
+        ('{"token_ids": [5], "vocab_size": 49152}', "was made for a vocabulary of 49152 tokens"),
+    ],
+)
+def test_bad_rock_set_files_fail_at_trainer_creation_naming_the_file(
+    student, teacher, tokenizer, args_factory, tmp_path, content, message
+):
+    path = tmp_path / "bad_rocks.json"
+    path.write_text(content)
+    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    with pytest.raises(ValueError, match="bad_rocks.json") as err:
+        make_trainer(student, teacher, args, tokenizer)
+    assert err.match(message)
