@@ -1,6 +1,6 @@
 """RockOPDTrainer under `accelerate launch` with two gloo processes: one rock set, global statistics, one file.
 
-The launched script (`tests/distributed/train_rock_online.py`) records every batch each rank's `rock_online` policy
+The launched script (`tests/scripts/train_rock_online.py`) records every batch each rank's `rock_online` policy
 learned from. Replaying the two ranks' batches of each step, concatenated, through one single-process policy must give
 the statistics and rock sets the ranks hold: that is what "statistics are global" means.
 """
@@ -18,7 +18,7 @@ from hf_rockopd.policies import RockOnlinePolicy, TokenBatch
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "distributed", "train_rock_online.py")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "train_rock_online.py")
 
 
 def script_constants():

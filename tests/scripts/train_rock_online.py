@@ -4,7 +4,7 @@ Each rank records every `TokenBatch` its policy sees, its policy state and rock 
 wrote `rock_tokens.json`, to `<output_dir>/rank<k>.pt`. `tests/test_distributed_trainer.py` replays the recorded
 batches of all ranks through one single-process policy and compares.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/distributed/train_rock_online.py OUTPUT_DIR
+    accelerate launch --multi_gpu --num_processes 2 tests/scripts/train_rock_online.py OUTPUT_DIR
 """
 
 import os

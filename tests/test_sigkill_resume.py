@@ -1,0 +1,54 @@
+"""A training process SIGKILLed after a checkpoint, then resumed, ends exactly where an uninterrupted run ends."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_rockopd.trainer import POLICY_STATE_NAME, ROCK_TOKENS_NAME
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "train_then_sigkill.py")
+
+
+def run(*argv):
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, SCRIPT, *map(str, argv)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sigkill")
+    full = run(base / "full", "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = run(base / "killed", "kill")
+    return base, killed
+
+
+def test_the_process_really_died_by_sigkill_after_its_checkpoint(runs):
+    base, killed = runs
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert os.path.isfile(base / "killed" / "checkpoint-2" / POLICY_STATE_NAME)
+    assert os.path.isfile(base / "killed" / "checkpoint-2" / ROCK_TOKENS_NAME)
+    assert not os.path.exists(base / "killed" / "checkpoint-4")
+    assert not os.path.exists(base / "killed" / "final.pt")
+
+
+def test_resumed_run_equals_the_uninterrupted_run(runs):
+    base, _ = runs
+    resumed = run(base / "killed", "resume", base / "killed" / "checkpoint-2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    full = torch.load(base / "full" / "final.pt", weights_only=False)
+    again = torch.load(base / "killed" / "final.pt", weights_only=False)
+    assert full["global_step"] == again["global_step"] == 6
+    assert len(full["rock_ids"]) > 0 and full["rock_ids"] == again["rock_ids"]
+    a, b = full["policy_state"], again["policy_state"]
+    assert a.keys() == b.keys() and a["rocks"] == b["rocks"] and a["step"] == b["step"]
+    torch.testing.assert_close(a["totals"], b["totals"], rtol=0, atol=0)
+    for name, weight in full["student"].items():
+        torch.testing.assert_close(weight, again["student"][name], rtol=0, atol=0, msg=name)
