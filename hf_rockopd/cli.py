@@ -1,0 +1,224 @@
+"""`hf-rockopd`: the command line of the rock-token lab.
+
+Every subcommand reads and writes plain files, so each step can be rerun and compared:
+
+```
+hf-rockopd analyze collect --student S --teacher T --prompts gsm8k.jsonl --limit 500 --out tables/early
+hf-rockopd analyze score tables/early --top-k 100 --out rock_set.json
+hf-rockopd analyze stability tables/early --ks 25 50 100 150 200
+hf-rockopd analyze controls tables/early --rock-set rock_set.json --out controls.json
+hf-rockopd analyze compare tables/early tables/late --rock-set rock_set.json
+hf-rockopd analyze gradients tables/early --rock-set rock_set.json
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import analysis
+from .rock_set import load_rock_set, save_rock_set
+
+
+def _print_frame(frame, out: str | None) -> None:
+    print(frame.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if out:
+        frame.to_csv(out, index=False)
+        print(f"wrote {out}")
+
+
+def _load_models(args: argparse.Namespace):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, args.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.student)
+    student = AutoModelForCausalLM.from_pretrained(args.student, dtype=dtype).to(args.device)
+    teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=dtype).to(args.device)
+    return student, teacher, tokenizer
+
+
+def _collect(args: argparse.Namespace) -> int:
+    prompts = analysis.load_prompts(args.prompts, limit=args.limit, field_name=args.prompt_field)
+    student, teacher, tokenizer = _load_models(args)
+    analysis.collect_token_table(
+        student,
+        teacher,
+        tokenizer,
+        prompts,
+        args.out,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        do_sample=args.sample,
+        seed=args.seed,
+        beta=args.beta,
+        temperature=args.temperature,
+    )
+    table = analysis.load_token_table(args.out)
+    print(f"collected {len(table.frame)} generated tokens from {len(prompts)} prompts into {args.out}")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    table = analysis.load_token_table(args.table)
+    result = analysis.score_token_table(
+        table,
+        top_k=None if args.coverage is not None else args.top_k,
+        min_count=args.min_count,
+        exclude_top_frequent=args.exclude_top_frequent,
+        coverage=args.coverage,
+    )
+    result.save(args.out)
+    rocks = result.scores[result.scores["is_rock"]].head(args.show)
+    _print_frame(rocks[["rank", "token_id", "token", "count", "mean_divergence", "rock_score"]], None)
+    print(
+        f"rock tokens: {len(result.rock_ids)} types = {result.rock_token_share:.1%} of {int(table.counts().sum())} "
+        f"generated tokens, carrying {result.divergence_coverage:.1%} of the divergence "
+        f"({result.settings['eligible_types']} eligible of {result.settings['observed_types']} observed types)"
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _stability(args: argparse.Namespace) -> int:
+    table = analysis.load_token_table(args.table)
+    frame, k = analysis.stability_sweep(
+        table,
+        ks=args.ks,
+        subcorpus_sizes=args.sizes,
+        repeats=args.repeats,
+        min_count=args.min_count,
+        exclude_top_frequent=args.exclude_top_frequent,
+        threshold=args.threshold,
+        seed=args.seed,
+    )
+    _print_frame(frame, args.out)
+    print(f"recommended K (mean Jaccard >= {args.threshold} at every sub-corpus size): {k}")
+    return 0
+
+
+def _rock_ids(args: argparse.Namespace, table: analysis.TokenTable) -> list[int]:
+    return load_rock_set(args.rock_set, vocab_size=table.vocab_size)["token_ids"]
+
+
+def _controls(args: argparse.Namespace) -> int:
+    table = analysis.load_token_table(args.table)
+    ids = analysis.matched_controls(table, _rock_ids(args, table), num_bins=args.bins, seed=args.seed)
+    decoded, counts = table.decode(), table.counts()
+    tokens = [{"token_id": i, "token": decoded.get(i, ""), "count": int(counts[i])} for i in ids]
+    save_rock_set(
+        args.out, tokens, vocab_size=table.vocab_size, tokenizer_name=table.meta.get("tokenizer"),
+        source="hf_rockopd.analysis.matched_controls", role="frequency_matched_control", matched_to=args.rock_set,
+    )
+    print(f"wrote {len(ids)} frequency-matched control ids to {args.out}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    early, late = analysis.load_token_table(args.early), analysis.load_token_table(args.late)
+    frame = analysis.compare_token_tables(early, late, _rock_ids(args, early), seed=args.seed)
+    _print_frame(frame, args.out)
+    return 0
+
+
+def _gradients(args: argparse.Namespace) -> int:
+    table = analysis.load_token_table(args.table)
+    frame = analysis.gradient_geometry(table, _rock_ids(args, table), seed=args.seed)
+    _print_frame(frame, args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `hf-rockopd` argument parser."""
+    parser = argparse.ArgumentParser(prog="hf-rockopd", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    analyze = commands.add_parser("analyze", help="the rock-token lab").add_subparsers(dest="step", required=True)
+
+    def selection(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--min-count", type=int, default=2, help="ids seen fewer times are ineligible (paper: 2)")
+        p.add_argument("--exclude-top-frequent", type=int, default=5, help="most frequent ids dropped (paper: 5)")
+
+    p = analyze.add_parser("collect", help="roll out prompts with the student and score every token")
+    p.add_argument("--student", required=True, help="student model directory or Hub id")
+    p.add_argument("--teacher", required=True, help="teacher model directory or Hub id (same tokenizer)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the student's)")
+    p.add_argument("--prompts", required=True, help="JSON lines with `messages`, `prompt` or `question`")
+    p.add_argument("--prompt-field", default=None, help="the column holding the prompt")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    p.add_argument("--out", required=True, help="token-table directory (resumable)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--beta", type=float, default=1.0, help="divergence: 1 reverse KL (paper), 0 forward KL")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_collect)
+
+    p = analyze.add_parser("score", help="Rock Score and selection; writes rock_set.json")
+    p.add_argument("table")
+    p.add_argument("--top-k", type=int, default=100)
+    p.add_argument("--coverage", type=float, default=None, help="pick K by divergence share instead of --top-k")
+    selection(p)
+    p.add_argument("--out", default="rock_set.json")
+    p.add_argument("--show", type=int, default=20, help="rocks to print")
+    p.set_defaults(func=_score)
+
+    p = analyze.add_parser("stability", help="Jaccard sweep over K and sub-corpus size")
+    p.add_argument("table")
+    p.add_argument("--ks", type=int, nargs="+", default=[25, 50, 100, 150, 200])
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="sub-corpus sizes in prompts")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threshold", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", default=None, help="CSV of the sweep")
+    selection(p)
+    p.set_defaults(func=_stability)
+
+    p = analyze.add_parser("controls", help="a random id set matched to the rock set's frequencies")
+    p.add_argument("table")
+    p.add_argument("--rock-set", required=True)
+    p.add_argument("--bins", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="controls.json")
+    p.set_defaults(func=_controls)
+
+    p = analyze.add_parser("compare", help="early vs late tables: rocks, rare types, controls (Wilcoxon)")
+    p.add_argument("early")
+    p.add_argument("late")
+    p.add_argument("--rock-set", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="CSV of the comparison")
+    p.set_defaults(func=_compare)
+
+    p = analyze.add_parser("gradients", help="logit-gradient norms of rocks vs others (Mann-Whitney)")
+    p.add_argument("table")
+    p.add_argument("--rock-set", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="CSV of the comparison")
+    p.set_defaults(func=_gradients)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hf-rockopd`. Bad input exits with status 2 and one line saying what is wrong.
+
+    Example:
+    ```python
+    from hf_rockopd.cli import main
+    main(["analyze", "score", "tables/early", "--top-k", "100", "--out", "rock_set.json"])
+    ```
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"hf-rockopd analyze {args.step}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
