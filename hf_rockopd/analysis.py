@@ -10,7 +10,8 @@ Each step reads and writes plain files, so steps can be rerun and compared (arXi
   high-divergence types and a frequency-matched random control, with Wilcoxon signed-rank tests.
 - `gradient_geometry`: per-occurrence logit-gradient norms of rocks, rare types and controls, with Mann-Whitney tests.
 - `matched_controls`: a random id set truly matched to the rock set's frequency distribution.
-- `benjamini_hochberg`, `paired_bootstrap`: the statistics of the knockout experiment.
+- `knockout`: ban one token at inference and test the accuracy change on GSM8K-style problems, with
+  `paired_bootstrap` p-values and `benjamini_hochberg` q-values.
 
 Example:
 ```python
@@ -51,6 +52,9 @@ __all__ = [
     "TokenTable",
     "benjamini_hochberg",
     "check_same_tokenizer",
+    "extract_numeric_answer",
+    "knockout",
+    "load_problems",
     "collect_token_table",
     "compare_token_tables",
     "gradient_geometry",
@@ -801,3 +805,141 @@ def paired_bootstrap(
     p = min(1.0, 2.0 * min(np.mean(means <= 0), np.mean(means >= 0)))
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return {"delta": float(diff.mean()), "ci_low": float(low), "ci_high": float(high), "p_value": float(p)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Causal knockout: ban one token at inference and measure accuracy
+# ---------------------------------------------------------------------------------------------------------------------
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+
+
+def extract_numeric_answer(text: str) -> float | None:
+    """The answer of a GSM8K-style solution: the number after `####` if there is one, else the last number.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.analysis import extract_numeric_answer
+    >>> extract_numeric_answer("48 / 2 = 24 clips in May.\\n#### 72"), extract_numeric_answer("So she earned $1,200.")
+    (72.0, 1200.0)
+    ```
+    """
+    import re
+
+    marked = re.findall(r"####\s*(" + _NUMBER + ")", text)
+    numbers = marked or re.findall(_NUMBER, text)
+    if not numbers:
+        return None
+    try:
+        return float(numbers[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[tuple[list[dict[str, str]], float]]:
+    """GSM8K-style problems from JSON lines with `question` and `answer` (gold after `####`): `(messages, gold)`."""
+    problems = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if limit is not None and len(problems) >= limit:
+                break
+            row = json.loads(line)
+            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise ValueError(f"{path}, line {line_no}: a problem needs `question` and `answer`, got {keys}.")
+            gold = extract_numeric_answer(str(row["answer"]))
+            if gold is None:
+                raise ValueError(f"{path}, line {line_no}: no numeric answer in {row['answer'][-80:]!r}.")
+            problems.append(([{"role": "user", "content": str(row["question"])}], gold))
+    if not problems:
+        raise ValueError(f"{path} holds no problem.")
+    return problems
+
+
+@torch.no_grad()
+def _solve(model, tokenizer, problems, max_new_tokens: int, batch_size: int, banned: Sequence[int]) -> np.ndarray:
+    device = next(model.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    correct = []
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m, _ in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=pad_id,
+                # The ban: the token's logit is -inf at every step (transformers' SuppressTokensLogitsProcessor).
+                suppress_tokens=list(banned) or None,
+            )
+            for (_, gold), ids in zip(chunk, out[:, enc["input_ids"].shape[1] :]):
+                answer = extract_numeric_answer(tokenizer.decode(ids, skip_special_tokens=True))
+                correct.append(answer is not None and abs(answer - gold) < 1e-6)
+    finally:
+        tokenizer.padding_side = padding_side
+    return np.asarray(correct, dtype=np.float64)
+
+
+def knockout(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    problems: Sequence[tuple[list[dict[str, str]], float]],
+    token_ids: Sequence[int],
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    n_resamples: int = 10_000,
+    alpha: float = 0.05,
+    min_effect: float = 0.01,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Ban each token in turn at inference (greedy decoding) and test the accuracy change (the paper's §5).
+
+    For each id, the per-problem correctness with the ban is compared with the unbanned baseline by `paired_bootstrap`;
+    q-values are Benjamini-Hochberg over all ids. A token is a *Pillar* if the accuracy drops by at least `min_effect`
+    and `q < alpha`, a *Stumbling* block if it rises by at least `min_effect` and `q < alpha`, else *Neutral*.
+
+    Returns:
+        one row per id: `token_id`, `token`, `accuracy`, `delta`, `ci_low`, `ci_high`, `p_value`, `q_value`,
+        `verdict`; the baseline accuracy is in `frame.attrs["baseline_accuracy"]`.
+
+    Example:
+    ```python
+    frame = knockout(student, tokenizer, load_problems("gsm8k.jsonl", limit=200), rock_ids[:20])
+    ```
+    """
+    if not token_ids:
+        raise ValueError("knockout got no token id to ban.")
+    vocab = _model_vocab_size(model)
+    bad = [i for i in token_ids if not 0 <= int(i) < vocab]
+    if bad:
+        raise ValueError(f"Token ids {bad[:5]} are outside the model's vocabulary of {vocab} ids.")
+    was_training = model.training
+    model.eval()
+    try:
+        baseline = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=())
+        rows = []
+        for token_id in token_ids:
+            banned = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=[int(token_id)])
+            result = paired_bootstrap(baseline, banned, n_resamples=n_resamples, seed=seed, alpha=alpha)
+            rows.append({"token_id": int(token_id), "token": tokenizer.decode([int(token_id)]),
+                         "accuracy": float(banned.mean()), **result})
+    finally:
+        model.train(was_training)
+    frame = pd.DataFrame(rows)
+    frame["q_value"] = benjamini_hochberg(frame["p_value"].to_numpy())
+    significant = frame["q_value"] < alpha
+    frame["verdict"] = np.where(
+        significant & (frame["delta"] <= -min_effect),
+        "Pillar",
+        np.where(significant & (frame["delta"] >= min_effect), "Stumbling", "Neutral"),
+    )
+    frame.attrs["baseline_accuracy"] = float(baseline.mean())
+    return frame

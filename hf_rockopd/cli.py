@@ -9,6 +9,7 @@ hf-rockopd analyze stability tables/early --ks 25 50 100 150 200
 hf-rockopd analyze controls tables/early --rock-set rock_set.json --out controls.json
 hf-rockopd analyze compare tables/early tables/late --rock-set rock_set.json
 hf-rockopd analyze gradients tables/early --rock-set rock_set.json
+hf-rockopd analyze knockout --model S --problems gsm8k.jsonl --rock-set rock_set.json --top 20 --limit 200
 ```
 """
 
@@ -130,6 +131,27 @@ def _gradients(args: argparse.Namespace) -> int:
     return 0
 
 
+def _knockout(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    problems = analysis.load_problems(args.problems, limit=args.limit)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
+    ids = load_rock_set(args.rock_set, vocab_size=analysis._model_vocab_size(model))["token_ids"][: args.top]
+    frame = analysis.knockout(
+        model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed,
+    )
+    _print_frame(frame, args.out)
+    counts = frame["verdict"].value_counts()
+    print(
+        f"baseline accuracy {frame.attrs['baseline_accuracy']:.3f} on {len(problems)} problems; "
+        + ", ".join(f"{v}: {int(counts.get(v, 0))}" for v in ("Pillar", "Neutral", "Stumbling"))
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `hf-rockopd` argument parser."""
     parser = argparse.ArgumentParser(prog="hf-rockopd", description=__doc__.split("\n")[0])
@@ -200,6 +222,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="CSV of the comparison")
     p.set_defaults(func=_gradients)
+
+    p = analyze.add_parser("knockout", help="ban each rock at inference; bootstrap p-values, BH q-values")
+    p.add_argument("--model", required=True, help="the model to evaluate (directory or Hub id)")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--problems", required=True, help="JSON lines with `question` and `answer` (GSM8K)")
+    p.add_argument("--rock-set", required=True)
+    p.add_argument("--top", type=int, default=20, help="ban the first N ids of the rock set, one at a time")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--resamples", type=int, default=10_000)
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="CSV of the verdicts")
+    p.set_defaults(func=_knockout)
     return parser
 
 

@@ -315,6 +315,14 @@ def test_collect_score_end_to_end_through_the_cli(tmp_path, tokenizer, student, 
     assert main(["analyze", "stability", str(table_dir), "--ks", "2", "3", "--sizes", "2", "--repeats", "2",
                  "--exclude-top-frequent", "1"]) == 0
     assert "recommended K" in capsys.readouterr().out
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": f"#### {2 * i}"}) + "\n" for i in range(3)))
+    verdicts = tmp_path / "knockout.csv"
+    assert main(["analyze", "knockout", "--model", str(tmp_path / "student"), "--problems", str(problems),
+                 "--rock-set", str(rock_set), "--top", "2", "--max-new-tokens", "4", "--resamples", "100",
+                 "--out", str(verdicts)]) == 0
+    assert "baseline accuracy 0.000 on 3 problems" in capsys.readouterr().out  # a random tiny model solves nothing
+    assert len(pd.read_csv(verdicts)) == 2
 
 
 def test_collect_refuses_an_empty_corpus_and_mismatched_vocabularies(tmp_path, tokenizer, student):
@@ -329,3 +337,55 @@ def test_collect_refuses_an_empty_corpus_and_mismatched_vocabularies(tmp_path, t
     empty.write_text("\n")
     with pytest.raises(ValueError, match="holds no prompt"):
         load_prompts(empty)
+
+
+def test_extract_numeric_answer_and_load_problems(tmp_path):
+    from hf_rockopd.analysis import extract_numeric_answer, load_problems
+
+    assert extract_numeric_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == 72.0
+    assert extract_numeric_answer("So the total is 1,250.5 dollars.") == 1250.5
+    assert extract_numeric_answer("-3 degrees") == -3.0 and extract_numeric_answer("no number") is None
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"question": "Q", "answer": "1 + 1 = 2\n#### 2"}) + "\n" + json.dumps({"question": "Q"}))
+    with pytest.raises(ValueError, match="line 2: a problem needs `question` and `answer`, got \\['question'\\]"):
+        load_problems(path)
+    assert load_problems(path, limit=1) == [([{"role": "user", "content": "Q"}], 2.0)]
+
+
+def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch, tmp_path):
+    from hf_rockopd import analysis
+
+    problems = [([{"role": "user", "content": f"What is {i} + {i}?"}], float(2 * i)) for i in range(4)]
+    # The ban really removes the token: greedy generation with it suppressed never emits it.
+    generated = []
+    original = student.generate
+
+    def spy(**kwargs):
+        out = original(**kwargs)
+        generated.append((kwargs.get("suppress_tokens"), out[:, kwargs["input_ids"].shape[1] :]))
+        return out
+
+    monkeypatch.setattr(student, "generate", spy)
+    frame = analysis.knockout(student, tokenizer, problems, [65, 66], max_new_tokens=6, batch_size=4, n_resamples=200)
+    assert generated[0][0] is None  # the baseline bans nothing
+    most_common = int(torch.mode(generated[0][1].flatten()).values)
+    frame2 = analysis.knockout(student, tokenizer, problems, [most_common], max_new_tokens=6, batch_size=4,
+                               n_resamples=200)
+    banned_out = generated[-1]
+    assert banned_out[0] == [most_common] and not (banned_out[1] == most_common).any()
+    assert list(frame.columns[:3]) == ["token_id", "token", "accuracy"] and len(frame) == 2
+    assert set(frame["verdict"]) <= {"Pillar", "Neutral", "Stumbling"} and len(frame2) == 1
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 259 ids"):
+        analysis.knockout(student, tokenizer, problems, [10_000])
+
+    # Classification on crafted correctness: baseline all right; token A breaks 40 of 100 problems (Pillar), token B
+    # fixes nothing and breaks nothing (Neutral).
+    base = np.ones(100)
+    broken = base.copy()
+    broken[:40] = 0
+    results = iter([base, broken, base])
+    monkeypatch.setattr(analysis, "_solve", lambda *a, **k: next(results))
+    frame = analysis.knockout(student, tokenizer, problems, [65, 66], n_resamples=2000)
+    assert frame["verdict"].tolist() == ["Pillar", "Neutral"]
+    assert frame.loc[0, "delta"] == pytest.approx(-0.4) and frame.attrs["baseline_accuracy"] == 1.0
+    np.testing.assert_allclose(frame["q_value"], benjamini_hochberg(frame["p_value"]))
