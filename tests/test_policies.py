@@ -933,6 +933,31 @@ def test_random_matched_counts_during_warmup_then_draws():
     assert p.rock_ids() == control
 
 
+def test_random_matched_postpones_the_draw_until_enough_ids_are_seen(caplog):
+    # Found by the property test below: a warm-up that saw only the rock ids (or nothing) left no id to match with,
+    # and the draw raised mid-training. Now the policy keeps counting, warns once, and draws when it can.
+    from transformers.utils import logging as hf_logging
+
+    p = RandomMatchedPolicy(rock_set=[1, 2], warmup_steps=1, num_bins=2)
+    p.setup(16)
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            for step in range(3):
+                b = make_batch([[1, 2, 1, 2]], step=step)
+                w = p.weights(b)
+                assert torch.equal(w, torch.ones_like(w)) and p.rock_ids() == []
+                p.update(b, w)
+    finally:
+        hf_logging.disable_propagation()
+    warnings = [r for r in caplog.records if "only 0 non-rock token ids were seen" in r.getMessage()]
+    assert len(warnings) == 1
+    b = make_batch([[5, 6, 7, 1]], step=3)
+    p.update(b, p.weights(b))  # still undrawn at step 3: 0 non-rock ids were counted before this batch
+    w = p.weights(make_batch([[5, 6, 7, 1]], step=4))
+    assert len(p.rock_ids()) == 2 and set(p.rock_ids()) <= {5, 6, 7}
+
+
 def test_random_matched_state_round_trip():
     ids_at = _warmup_pairs()
     a = RandomMatchedPolicy(rock_set=[0, 1], warmup_steps=3, num_bins=4, seed=2)
