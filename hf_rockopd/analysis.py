@@ -87,6 +87,23 @@ _META_KEY = b"hf_rockopd"
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _read_jsonl(path: str | os.PathLike, limit: int | None) -> Iterable[tuple[int, Any]]:
+    """`(line number, parsed row)` of the non-blank lines of a JSON-lines file, at most `limit` of them."""
+    taken = 0
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if limit is not None and taken >= limit:
+                return
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {line_no}: not valid JSON ({err.msg}).") from err
+            taken += 1
+            yield line_no, row
+
+
 def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: str | None = None) -> list[Any]:
     """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K).
 
@@ -104,30 +121,21 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: 
     """
     fields = [field_name] if field_name else ["messages", "prompt", "question"]
     prompts: list[Any] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if limit is not None and len(prompts) >= limit:
-                break
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {line_no}: not valid JSON ({err.msg}).") from err
-            found = next((name for name in fields if isinstance(row, dict) and row.get(name)), None)
-            if found is None:
-                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ValueError(
-                    f"{path}, line {line_no}: no prompt field; expected one of {fields}, got {keys}. Pass "
-                    "`field_name=` (`--prompt-field`) to name the column that holds the prompt."
-                )
-            value = row[found]
-            if found == "messages":
-                # Drop a trailing assistant answer: the student must generate it.
-                value = [m for m in value if m.get("role") != "assistant"] or value
-                prompts.append(value)
-            else:
-                prompts.append([{"role": "user", "content": str(value)}])
+    for line_no, row in _read_jsonl(path, limit):
+        found = next((name for name in fields if isinstance(row, dict) and row.get(name)), None)
+        if found is None:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(
+                f"{path}, line {line_no}: no prompt field; expected one of {fields}, got {keys}. Pass "
+                "`field_name=` (`--prompt-field`) to name the column that holds the prompt."
+            )
+        value = row[found]
+        if found == "messages":
+            # Drop a trailing assistant answer: the student must generate it.
+            value = [m for m in value if m.get("role") != "assistant"] or value
+            prompts.append(value)
+        else:
+            prompts.append([{"role": "user", "content": str(value)}])
     if not prompts:
         raise ValueError(f"{path} holds no prompt. Give a JSON-lines file with one prompt per line.")
     return prompts
@@ -135,6 +143,38 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: 
 
 def _model_vocab_size(model: torch.nn.Module) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _generate(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    chats: Sequence[list[dict[str, str]]],
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    suppress_tokens: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Generate from chat prompts, left-padded: `(sequences, prompt attention mask, prompt length)`."""
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chats]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = padding_side
+    enc = enc.to(next(model.parameters()).device)
+    sequences = model.generate(
+        **enc,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature if do_sample else None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        # A ban: the token's logit is -inf at every step (transformers' SuppressTokensLogitsProcessor).
+        suppress_tokens=list(suppress_tokens) if suppress_tokens else None,
+    )
+    return sequences, enc["attention_mask"], enc["input_ids"].shape[1]
 
 
 @torch.no_grad()
@@ -199,10 +239,7 @@ def collect_token_table(
     with open(os.path.join(output_dir, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_id = tokenizer.eos_token_id
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    device = next(student.parameters()).device
     was_training = (student.training, teacher.training)
     student.eval()
     teacher.eval()
@@ -214,26 +251,16 @@ def collect_token_table(
                 continue
             chunk = prompts[start : start + batch_size]
             batch = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in chunk]
-            texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in batch]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             torch.manual_seed(seed + part)
-            generated = student.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=pad_id,
-                eos_token_id=eos_id,
+            generated, prompt_mask, prompt_len = _generate(
+                student, tokenizer, batch, max_new_tokens, do_sample=do_sample, temperature=temperature
             )
-            prompt_len = enc["input_ids"].shape[1]
             completion = generated[:, prompt_len:]
             # Valid completion tokens: everything up to and including the first eos.
             is_eos = completion == eos_id
             after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
             valid = ~after_eos
-            attention = torch.cat([enc["attention_mask"], valid.long()], dim=1)
+            attention = torch.cat([prompt_mask, valid.long()], dim=1)
             # Logits at position t predict token t + 1: those at prompt_len - 1 ... end - 1 produced the completion.
             s_logits = student(input_ids=generated, attention_mask=attention).logits[:, prompt_len - 1 : -1]
             t_logits = teacher(input_ids=generated, attention_mask=attention).logits[:, prompt_len - 1 : -1]
@@ -257,7 +284,6 @@ def collect_token_table(
             pq.write_table(table, tmp)
             os.replace(tmp, path)  # a killed run never leaves a half-written part behind
     finally:
-        tokenizer.padding_side = padding_side
         student.train(was_training[0])
         teacher.train(was_training[1])
     return os.fspath(output_dir)
@@ -590,12 +616,8 @@ def stability_sweep(
     vocab = table.vocab_size
 
     def ranking(frame: pd.DataFrame) -> list[int]:
-        ids = frame["token_id"].to_numpy()
-        counts = np.bincount(ids, minlength=vocab).astype(np.float64)
-        sums = np.bincount(ids, weights=frame["divergence"].to_numpy(np.float64), minlength=vocab)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-        return _eligible_ranking(counts, mean, min_count, exclude_top_frequent)[0]
+        sub = TokenTable(frame=frame, meta={"vocab_size": vocab})
+        return _eligible_ranking(sub.counts(), sub.mean_divergence(), min_count, exclude_top_frequent)[0]
 
     full = ranking(table.frame)
     rng = np.random.default_rng(seed)
@@ -659,6 +681,16 @@ def rare_high_divergence_ids(
     return [int(i) for i in order[:n]]
 
 
+def _comparison_groups(table: TokenTable, rock_ids: Sequence[int], n_rare: int | None, seed: int) -> dict:
+    """The paper's three groups, defined on `table`: rocks, rare high-divergence types, a matched random control."""
+    n_rare = len(rock_ids) if n_rare is None else n_rare
+    return {
+        "rock": list(rock_ids),
+        "rare_high_divergence": rare_high_divergence_ids(table, n_rare, exclude_ids=rock_ids),
+        "random_matched": matched_controls(table, rock_ids, seed=seed),
+    }
+
+
 def compare_token_tables(
     early: TokenTable,
     late: TokenTable,
@@ -685,12 +717,7 @@ def compare_token_tables(
     check_same_tokenizer(early, late)
     if not rock_ids:
         raise ValueError("compare_token_tables got an empty rock set; score the early table first.")
-    n_rare = len(rock_ids) if n_rare is None else n_rare
-    groups = {
-        "rock": list(rock_ids),
-        "rare_high_divergence": rare_high_divergence_ids(early, n_rare, exclude_ids=rock_ids),
-        "random_matched": matched_controls(early, rock_ids, seed=seed),
-    }
+    groups = _comparison_groups(early, rock_ids, n_rare, seed)
     mean_early, mean_late = early.mean_divergence(), late.mean_divergence()
     rows = []
     for name, ids in groups.items():
@@ -729,12 +756,7 @@ def gradient_geometry(
     """
     if "logit_grad_norm" not in table.frame.columns:
         raise ValueError(f"Token table {table.source} has no logit_grad_norm column; collect it with `collect`.")
-    n_rare = len(rock_ids) if n_rare is None else n_rare
-    groups = {
-        "rock": list(rock_ids),
-        "rare_high_divergence": rare_high_divergence_ids(table, n_rare, exclude_ids=rock_ids),
-        "random_matched": matched_controls(table, rock_ids, seed=seed),
-    }
+    groups = _comparison_groups(table, rock_ids, n_rare, seed)
     ids = table.frame["token_id"].to_numpy()
     norms = table.frame["logit_grad_norm"].to_numpy(np.float64)
     rock_norms = norms[np.isin(ids, groups["rock"])]
@@ -839,20 +861,14 @@ def extract_numeric_answer(text: str) -> float | None:
 def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[tuple[list[dict[str, str]], float]]:
     """GSM8K-style problems from JSON lines with `question` and `answer` (gold after `####`): `(messages, gold)`."""
     problems = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if limit is not None and len(problems) >= limit:
-                break
-            row = json.loads(line)
-            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise ValueError(f"{path}, line {line_no}: a problem needs `question` and `answer`, got {keys}.")
-            gold = extract_numeric_answer(str(row["answer"]))
-            if gold is None:
-                raise ValueError(f"{path}, line {line_no}: no numeric answer in {row['answer'][-80:]!r}.")
-            problems.append(([{"role": "user", "content": str(row["question"])}], gold))
+    for line_no, row in _read_jsonl(path, limit):
+        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{path}, line {line_no}: a problem needs `question` and `answer`, got {keys}.")
+        gold = extract_numeric_answer(str(row["answer"]))
+        if gold is None:
+            raise ValueError(f"{path}, line {line_no}: no numeric answer in {row['answer'][-80:]!r}.")
+        problems.append(([{"role": "user", "content": str(row["question"])}], gold))
     if not problems:
         raise ValueError(f"{path} holds no problem.")
     return problems
@@ -860,31 +876,13 @@ def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[tup
 
 @torch.no_grad()
 def _solve(model, tokenizer, problems, max_new_tokens: int, batch_size: int, banned: Sequence[int]) -> np.ndarray:
-    device = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     correct = []
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        for start in range(0, len(problems), batch_size):
-            chunk = problems[start : start + batch_size]
-            texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m, _ in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            out = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=pad_id,
-                # The ban: the token's logit is -inf at every step (transformers' SuppressTokensLogitsProcessor).
-                suppress_tokens=list(banned) or None,
-            )
-            for (_, gold), ids in zip(chunk, out[:, enc["input_ids"].shape[1] :]):
-                answer = extract_numeric_answer(tokenizer.decode(ids, skip_special_tokens=True))
-                correct.append(answer is not None and abs(answer - gold) < 1e-6)
-    finally:
-        tokenizer.padding_side = padding_side
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        out, _, prompt_len = _generate(model, tokenizer, [m for m, _ in chunk], max_new_tokens, suppress_tokens=banned)
+        for (_, gold), ids in zip(chunk, out[:, prompt_len:]):
+            answer = extract_numeric_answer(tokenizer.decode(ids, skip_special_tokens=True))
+            correct.append(answer is not None and abs(answer - gold) < 1e-6)
     return np.asarray(correct, dtype=np.float64)
 
 

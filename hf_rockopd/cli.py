@@ -30,20 +30,23 @@ def _print_frame(frame, out: str | None) -> None:
         print(f"wrote {out}")
 
 
-def _load_models(args: argparse.Namespace):
+def _load_model(name: str, args: argparse.Namespace):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, args.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.student)
-    student = AutoModelForCausalLM.from_pretrained(args.student, dtype=dtype).to(args.device)
-    teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=dtype).to(args.device)
-    return student, teacher, tokenizer
+    return AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, args.dtype)).to(args.device)
+
+
+def _load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
 
 
 def _collect(args: argparse.Namespace) -> int:
     prompts = analysis.load_prompts(args.prompts, limit=args.limit, field_name=args.prompt_field)
-    student, teacher, tokenizer = _load_models(args)
+    tokenizer = _load_tokenizer(args.tokenizer or args.student)
+    student, teacher = _load_model(args.student, args), _load_model(args.teacher, args)
     analysis.collect_token_table(
         student,
         teacher,
@@ -132,12 +135,9 @@ def _gradients(args: argparse.Namespace) -> int:
 
 
 def _knockout(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     problems = analysis.load_problems(args.problems, limit=args.limit)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
+    tokenizer = _load_tokenizer(args.tokenizer or args.model)
+    model = _load_model(args.model, args)
     ids = load_rock_set(args.rock_set, vocab_size=analysis._model_vocab_size(model))["token_ids"][: args.top]
     frame = analysis.knockout(
         model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
@@ -208,20 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="controls.json")
     p.set_defaults(func=_controls)
 
+    def rock_set_analysis(p: argparse.ArgumentParser, func) -> None:
+        p.add_argument("--rock-set", required=True)
+        p.add_argument("--seed", type=int, default=0, help="seed of the matched random control")
+        p.add_argument("--out", default=None, help="CSV of the comparison")
+        p.set_defaults(func=func)
+
     p = analyze.add_parser("compare", help="early vs late tables: rocks, rare types, controls (Wilcoxon)")
     p.add_argument("early")
     p.add_argument("late")
-    p.add_argument("--rock-set", required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="CSV of the comparison")
-    p.set_defaults(func=_compare)
+    rock_set_analysis(p, _compare)
 
     p = analyze.add_parser("gradients", help="logit-gradient norms of rocks vs others (Mann-Whitney)")
     p.add_argument("table")
-    p.add_argument("--rock-set", required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="CSV of the comparison")
-    p.set_defaults(func=_gradients)
+    rock_set_analysis(p, _gradients)
 
     p = analyze.add_parser("knockout", help="ban each rock at inference; bootstrap p-values, BH q-values")
     p.add_argument("--model", required=True, help="the model to evaluate (directory or Hub id)")

@@ -28,7 +28,13 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from transformers.utils import logging
 
-from .rock_set import frequency_matched_ids, load_rock_set, select_rock_tokens, validate_token_ids
+from .rock_set import (
+    NotEnoughControlIdsError,
+    frequency_matched_ids,
+    load_rock_set,
+    select_rock_tokens,
+    validate_token_ids,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -771,19 +777,17 @@ class RandomMatchedPolicy(TokenPolicy):
         if self.vocab_size is None:
             raise RuntimeError("RandomMatchedPolicy.setup(vocab_size) must be called before use (the trainer does it).")
         if self._matched is None and batch.training and batch.step >= self.warmup_steps:
-            counts = self._counts.count.clone()
-            available = int((counts > 0).sum()) - int((counts[self.rock_token_ids] > 0).sum())
-            if available >= len(self.rock_token_ids):
-                self._draw(counts)
-            elif not self._postponed_warning:
-                # Too few non-rock ids seen yet to match every rock from observed frequencies: keep counting (the
-                # weights stay 1 meanwhile) instead of drawing never-seen ids, which would not be frequency-matched.
-                logger.warning(
-                    f"random_matched: after {batch.step} steps only {available} non-rock token ids were seen, fewer "
-                    f"than the {len(self.rock_token_ids)} rock ids to match; the control is drawn once enough are "
-                    "seen. Give `reference_counts` to draw it at the start."
-                )
-                self._postponed_warning = True
+            try:
+                self._draw(self._counts.count.clone())
+            except NotEnoughControlIdsError as err:
+                # Too few non-rock ids seen yet to match every rock: keep counting (weights stay 1 meanwhile) and
+                # draw at a later step, instead of stopping the training run.
+                if not self._postponed_warning:
+                    logger.warning(
+                        f"random_matched: the control is not drawn yet after {batch.step} steps ({err}); it is drawn "
+                        "once enough token ids are seen. Give `reference_counts` to draw it at the start."
+                    )
+                    self._postponed_warning = True
         return _set_weights(batch, self._id_mask, self.weight)
 
     def update(self, batch: TokenBatch, weights: torch.Tensor) -> None:

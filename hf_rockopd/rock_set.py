@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "ROCK_SET_FORMAT",
+    "NotEnoughControlIdsError",
     "frequency_matched_ids",
     "load_rock_set",
     "rock_scores",
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 ROCK_SET_FORMAT = "hf_rockopd.rock_set"
+
+
+class NotEnoughControlIdsError(ValueError):
+    """Raised by `frequency_matched_ids` when too few non-rock ids are available to match every rock."""
 
 
 def rock_scores(count: torch.Tensor, mean_divergence: torch.Tensor) -> torch.Tensor:
@@ -148,7 +153,7 @@ def frequency_matched_ids(
                 chosen.append(int(pools[candidate_bin].pop()))
                 break
         else:
-            raise ValueError(
+            raise NotEnoughControlIdsError(
                 f"Cannot draw a frequency-matched control for {len(rock_ids)} rock ids: only {len(chosen)} non-rock "
                 "ids are available. Use a smaller rock set or a larger reference corpus."
             )

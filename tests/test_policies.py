@@ -950,7 +950,7 @@ def test_random_matched_postpones_the_draw_until_enough_ids_are_seen(caplog):
                 p.update(b, w)
     finally:
         hf_logging.disable_propagation()
-    warnings = [r for r in caplog.records if "only 0 non-rock token ids were seen" in r.getMessage()]
+    warnings = [r for r in caplog.records if "only 0 non-rock ids are available" in r.getMessage()]
     assert len(warnings) == 1
     b = make_batch([[5, 6, 7, 1]], step=3)
     p.update(b, p.weights(b))  # still undrawn at step 3: 0 non-rock ids were counted before this batch
