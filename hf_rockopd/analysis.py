@@ -40,6 +40,7 @@ import torch
 from scipy import stats
 from transformers.utils import logging
 
+from .evaluation import extract_numeric_answer  # one answer extraction for the knockout and `hf-rockopd eval`
 from .losses import logit_grad_norm, per_token_divergence, per_token_entropy
 from .rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 
@@ -832,31 +833,6 @@ def paired_bootstrap(
 # ---------------------------------------------------------------------------------------------------------------------
 # Causal knockout: ban one token at inference and measure accuracy
 # ---------------------------------------------------------------------------------------------------------------------
-
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
-
-
-def extract_numeric_answer(text: str) -> float | None:
-    """The answer of a GSM8K-style solution: the number after `####` if there is one, else the last number.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.analysis import extract_numeric_answer
-    >>> extract_numeric_answer("48 / 2 = 24 clips in May.\\n#### 72"), extract_numeric_answer("So she earned $1,200.")
-    (72.0, 1200.0)
-    ```
-    """
-    import re
-
-    marked = re.findall(r"####\s*(" + _NUMBER + ")", text)
-    numbers = marked or re.findall(_NUMBER, text)
-    if not numbers:
-        return None
-    try:
-        return float(numbers[-1].replace(",", ""))
-    except ValueError:
-        return None
-
 
 def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[tuple[list[dict[str, str]], float]]:
     """GSM8K-style problems from JSON lines with `question` and `answer` (gold after `####`): `(messages, gold)`."""
