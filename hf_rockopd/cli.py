@@ -152,6 +152,14 @@ def _knockout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _card(args: argparse.Namespace) -> int:
+    from .model_card import write_model_card
+
+    path = write_model_card(args.run_dir, out=args.out, model_id=args.model_id)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `hf-rockopd` argument parser."""
     parser = argparse.ArgumentParser(prog="hf-rockopd", description=__doc__.split("\n")[0])
@@ -239,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="CSV of the verdicts")
     p.set_defaults(func=_knockout)
+
+    p = commands.add_parser("card", help="render the model card of a saved run (to check it before upload)")
+    p.add_argument("run_dir", help="output directory of `hf-rockopd distill` (run_report.json, rock_tokens.json)")
+    p.add_argument("--out", default=None, help="card path (default RUN_DIR/README.md); the curves PNG goes next to it")
+    p.add_argument("--model-id", default=None, help="Hub id shown in the loading snippet (e.g. me/smollm2-rockopd)")
+    p.set_defaults(func=_card)
     return parser
 
 

@@ -23,6 +23,7 @@ from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
 from .losses import ChunkedDivergence, chunked_divergence, weighted_loss
+from .model_card import CARD_NAME, model_card_from_trainer
 from .models import unpack_cpu_4bit_weights
 from .policies import TokenBatch, TokenPolicy, get_policy
 from .rock_set import check_rock_set_tokenizer, save_rock_set
@@ -675,3 +676,38 @@ class RockOPDTrainer(GKDTrainer):
             step=self.state.global_step,
         )
         return path
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+        language: str | None = None,
+        license: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write this run's card (`hf_rockopd.model_card`) to `output_dir/README.md`, replacing TRL's generic one.
+
+        Called by `push_to_hub` (with transformers' keyword arguments) and at every checkpoint (TRL's, with
+        `model_name`). `tasks`, `dataset_tags` and `dataset_args` are accepted for compatibility and unused: the card's
+        pipeline tag is always `text-generation`. With a `run_report.json` in the output directory the card holds its
+        evaluation table.
+        """
+        if not self.is_world_process_zero():
+            return
+        if dataset_name is None and dataset is not None:
+            dataset_name = dataset if isinstance(dataset, str) else dataset[0]
+        card = model_card_from_trainer(
+            self,
+            model_name=model_name,
+            dataset_name=dataset_name,
+            tags=tags,
+            license=license,
+            language=language,
+            finetuned_from=finetuned_from,
+        )
+        card.save(os.path.join(self.args.output_dir, CARD_NAME))

@@ -1,0 +1,430 @@
+"""Model cards: rendered from a run directory or by the trainer's hook, parsed back with `huggingface_hub.ModelCard`."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import make_args, make_dataset
+from huggingface_hub import ModelCard
+
+from hf_rockopd import RockOPDTrainer
+from hf_rockopd.cli import main
+from hf_rockopd.model_card import (
+    CARD_TAGS,
+    EVAL_FIELDS,
+    RunReportError,
+    load_run_report,
+    plot_training_curves,
+    render_model_card,
+    write_model_card,
+)
+from hf_rockopd.models import build_tiny_causal_lm, prune_decoder_layers
+from hf_rockopd.rock_set import save_rock_set
+
+
+BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def eval_result(accuracy, divergence, tokens):
+    return {
+        "accuracy": accuracy,
+        "num_problems": 40,
+        "mean_divergence": divergence,
+        "mean_divergence_non_rock": divergence * 0.8,
+        "rock_token_share": 0.31,
+        "top1_agreement": 0.5 + accuracy,
+        "num_tokens": tokens,
+        "mean_completion_length": tokens / 40,
+        "clipped_ratio": 0.125,
+        "settings": {"max_new_tokens": 128, "batch_size": 8, "beta": 1.0, "temperature": 1.0, "num_rock_ids": 3},
+    }
+
+
+def make_report(**student):
+    return {
+        "hf_rockopd_version": "0.1.0",
+        "teacher": {"name": BASE_ID, "source": "gguf"},
+        "student": {
+            "name": "smollm2-rockopd",
+            "base_model": BASE_ID,
+            "kept_layers": None,
+            "num_layers": 2,
+            "adapter": False,
+            "load_in_4bit": False,
+            **student,
+        },
+        "dataset": {"name": "../shared/data/gsm8k/train.jsonl", "num_train": 256, "num_eval": 40},
+        "policy": {"name": "rock_online", "kwargs": {"warmup_steps": 10, "refresh_every": 5, "top_k": 25}},
+        "training": {"max_steps": 6, "per_device_train_batch_size": 4, "learning_rate": 5e-5, "seed": 0},
+        "eval": {"before": eval_result(0.1, 1.4567891, 5123), "after": eval_result(0.175, 1.0123456, 4987)},
+        "log_history": [
+            {"step": s, "loss": 2.0 / s, "rock/frozen_fraction": 0.05 * s, "rock/mean_divergence_rock": 3.0 - 0.1 * s}
+            for s in range(1, 7)
+        ] + [{"step": 6, "train_loss": 0.9, "train_runtime": 12.0}],
+        "command": "hf-rockopd distill --max_steps 6",
+        "license": "apache-2.0",
+    }
+
+
+ROCK_TEXTS = ["\n", "|", "8", " "]
+
+
+def write_rock_tokens(run, tokenizer):
+    rows = []
+    for rank, text in enumerate(ROCK_TEXTS):
+        (token_id,) = tokenizer(text, add_special_tokens=False)["input_ids"]
+        rows.append(
+            {"token_id": token_id, "token": tokenizer.decode([token_id]), "count": 50 - 10 * rank,
+             "mean_divergence": 2.0 - 0.25 * rank, "rock_score": (50 - 10 * rank) * (2.0 - 0.25 * rank)}
+        )
+    save_rock_set(run / "rock_tokens.json", rows, vocab_size=len(tokenizer), policy="rock_online", step=6)
+    return rows
+
+
+def make_run(tmp_path, tokenizer, adapter=False, kept_layers=None, report=None):
+    """A run directory as `hf-rockopd distill` leaves it: model (full or LoRA), tokenizer, report, rock tokens."""
+    run = tmp_path / "run"
+    run.mkdir()
+    base = build_tiny_causal_lm(tokenizer, num_hidden_layers=3, seed=0)
+    base_dir = tmp_path / "base"
+    base.save_pretrained(base_dir)
+    tokenizer.save_pretrained(run)
+    if adapter:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        student = AutoModelForCausalLM.from_pretrained(base_dir)
+        if kept_layers:
+            student = prune_decoder_layers(student, keep=kept_layers)
+        config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        get_peft_model(student, config).save_pretrained(run)
+    else:
+        student = prune_decoder_layers(base, keep=kept_layers) if kept_layers else base
+        student.save_pretrained(run)
+    student_fields = {"adapter": adapter, "kept_layers": kept_layers, "num_layers": len(kept_layers or [0, 1, 2])}
+    if adapter:
+        student_fields["base_model"] = str(base_dir)
+    report = report or make_report(**student_fields)
+    (run / "run_report.json").write_text(json.dumps(report), encoding="utf-8")
+    rows = write_rock_tokens(run, tokenizer)
+    return run, report, rows
+
+
+def section(text, title):
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert match, f"no '## {title}' section in the card"
+    return match.group(1)
+
+
+def table(block):
+    """Rows of the first Markdown table in `block`, as lists of stripped cells (header and rule dropped)."""
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[2:]]
+
+
+def code_block(text, language):
+    match = re.search(rf"```{language}\n(.*?)```", text, flags=re.S)
+    assert match, f"no {language} code block"
+    return match.group(1)
+
+
+# ----------------------------------------------------------------------------------------- run directory ----
+def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
+    run, report, rows = make_run(tmp_path, tokenizer)
+    path = write_model_card(run)
+    assert path == str(run / "README.md")
+    card = ModelCard.load(path)
+
+    data = card.data
+    assert data.base_model == BASE_ID
+    assert data.library_name == "transformers"
+    assert data.pipeline_tag == "text-generation"
+    assert data.license == "apache-2.0"
+    assert data.datasets == ["openai/gsm8k"]
+    assert data.base_model_relation == "finetune"
+    assert set(CARD_TAGS) <= set(data.tags)
+    assert set(RockOPDTrainer._tag_names) <= set(data.tags)
+    assert "peft" not in data.tags
+
+    text = card.text
+    models = section(text, "Models")
+    assert f"`{BASE_ID}` (resolved from: gguf)" in models
+    assert "3 decoder layers (all of the base model's)" in models
+    assert "full fine-tuning" in models
+    policy = section(text, "Token policy")
+    assert "`rock_online`" in policy and ["`top_k`", "`25`"] in table(policy)
+
+    rock_table = table(section(text, "Rock tokens found"))
+    assert len(rock_table) == len(rows)
+    for (rank, token, token_id, count, mean, score), row in zip(rock_table, rows):
+        # Decoded, whitespace visible as repr; the table's own pipe is escaped.
+        assert token == f"`` {repr(row['token']).replace('|', chr(92) + '|')} ``"
+        assert int(token_id) == row["token_id"] and int(count) == row["count"]
+        assert float(mean) == pytest.approx(row["mean_divergence"], abs=5e-5)
+        assert float(score) == pytest.approx(row["rock_score"], abs=5e-5)
+    assert [r[1] for r in rock_table][:2] == ["`` '\\n' ``", "`` '\\|' ``"]
+
+    evaluation = section(text, "Evaluation")
+    eval_rows = {r[0]: r[1:] for r in table(evaluation)}
+    assert list(eval_rows) == list(EVAL_FIELDS)
+    before, after = report["eval"]["before"], report["eval"]["after"]
+    for key in EVAL_FIELDS:
+        b, a, d = eval_rows[key]
+        assert float(b) == pytest.approx(before[key], abs=5e-5)
+        assert float(a) == pytest.approx(after[key], abs=5e-5)
+        assert float(d) == pytest.approx(after[key] - before[key], abs=5e-5)
+    assert eval_rows["num_tokens"] == ["5123", "4987", "-136"]
+    assert eval_rows["accuracy"] == ["0.1000", "0.1750", "+0.0750"]
+    assert "max_new_tokens=128" in evaluation
+
+    snippet = code_block(section(text, "How to load it"), "python")
+    assert 'AutoModelForCausalLM.from_pretrained("your-namespace/smollm2-rockopd")' in snippet
+    assert "Peft" not in snippet
+    assert report["command"] in section(text, "Reproduce")
+
+    citation = section(text, "Citation")
+    assert "eprint        = {2605.09253}" in citation
+    assert "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes" in citation
+
+    curves = section(text, "Training")
+    assert "![Training curves" in curves and "](training_curves.png)" in curves
+    image = run / "training_curves.png"
+    assert image.read_bytes()[:8] == PNG_MAGIC and image.stat().st_size > 10_000
+
+
+def test_full_model_load_snippet_runs(tmp_path, tokenizer):
+    run, _, _ = make_run(tmp_path, tokenizer, kept_layers=[0, 2])
+    card = render_model_card(run, model_id=str(run))
+    assert "2 decoder layers, kept from the base model: [0, 2]" in card.text
+    scope = {}
+    exec(code_block(card.text, "python"), scope)
+    assert scope["model"].config.num_hidden_layers == 2
+    assert scope["tokenizer"].decode(scope["tokenizer"]("So 8")["input_ids"]) == "So 8"
+
+
+def test_adapter_card_and_its_load_snippet(tmp_path, tokenizer):
+    from peft import PeftModel
+
+    run, report, _ = make_run(tmp_path, tokenizer, adapter=True)
+    card = ModelCard.load(write_model_card(run, model_id=str(run)))
+    assert card.data.library_name == "peft"
+    assert card.data.pipeline_tag == "text-generation"
+    # A local base path is no Hub id, so it is not claimed as base_model metadata.
+    assert card.data.base_model is None
+    assert {"peft", "lora", *CARD_TAGS} <= set(card.data.tags)
+    assert "a LoRA adapter on a frozen base" in section(card.text, "Models")
+    snippet = code_block(card.text, "python")
+    assert f'AutoPeftModelForCausalLM.from_pretrained("{run}")' in snippet
+    scope = {}
+    exec(snippet, scope)
+    assert isinstance(scope["model"], PeftModel)
+    assert scope["model"].peft_config["default"].r == 2
+
+
+def test_pruned_adapter_snippet_rebuilds_the_pruned_base(tmp_path, tokenizer):
+    from peft import PeftModel
+
+    run, _, _ = make_run(tmp_path, tokenizer, adapter=True, kept_layers=[0, 2])
+    card = render_model_card(run, model_id=str(run))
+    snippet = code_block(card.text, "python")
+    assert "prune_decoder_layers(base, keep=[0, 2])" in snippet and "PeftModel.from_pretrained(base" in snippet
+    scope = {}
+    exec(snippet, scope)
+    model = scope["model"]
+    assert isinstance(model, PeftModel) and model.config.num_hidden_layers == 2
+    lora = [n for n, _ in model.named_parameters() if "lora_A" in n]
+    assert len(lora) == 2 * 2  # q_proj and v_proj of each kept layer
+
+
+def test_hub_ids_and_4bit_metadata(tmp_path, tokenizer):
+    report = make_report(adapter=True, load_in_4bit=True)
+    report["dataset"] = {"name": "openai/gsm8k", "num_train": 100}
+    report.pop("license")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_report.json").write_text(json.dumps(report))
+    write_rock_tokens(run, tokenizer)
+    card = render_model_card(run, model_id="me/student")
+    assert card.data.base_model == BASE_ID and card.data.base_model_relation == "adapter"
+    assert card.data.datasets == ["openai/gsm8k"]
+    assert card.data.license == "apache-2.0"  # the default for SmolLM2 students
+    assert {"4-bit", "bitsandbytes"} <= set(card.data.tags)
+    snippet = code_block(card.text, "python")
+    assert 'AutoPeftModelForCausalLM.from_pretrained("me/student", quantization_config=quantization)' in snippet
+    assert 'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")' in snippet
+
+
+def test_out_path_puts_the_image_next_to_the_card(tmp_path, tokenizer):
+    run, _, _ = make_run(tmp_path, tokenizer)
+    out = tmp_path / "model_cards" / "examples" / "smollm2-rockopd.md"
+    assert write_model_card(run, out=out) == str(out)
+    text = out.read_text(encoding="utf-8")
+    assert "](smollm2-rockopd_training_curves.png)" in text
+    assert (out.parent / "smollm2-rockopd_training_curves.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (run / "README.md").exists()
+
+
+def test_no_metrics_no_image_and_empty_rock_set(tmp_path, tokenizer):
+    report = make_report()
+    report["log_history"] = [{"step": 2, "train_loss": 1.0}]
+    report["policy"] = {"name": "uniform", "kwargs": {}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_report.json").write_text(json.dumps(report))
+    save_rock_set(run / "rock_tokens.json", [], vocab_size=len(tokenizer), policy="uniform", step=2)
+    card = render_model_card(run)
+    assert "No training metrics were logged" in card.text and "![" not in card.text
+    assert not (run / "training_curves.png").exists()
+    assert "ended training with no rock token" in section(card.text, "Rock tokens found")
+    assert "with its default settings" in section(card.text, "Token policy")
+    assert plot_training_curves([{"step": 1, "train_loss": 1.0}], tmp_path / "x.png") is None
+
+
+# ---------------------------------------------------------------------------------------------- bad input ----
+def test_missing_run_report_names_the_file_and_the_fix(tmp_path):
+    with pytest.raises(RunReportError, match=r"run_report\.json does not exist.*hf-rockopd distill"):
+        render_model_card(tmp_path)
+    with pytest.raises(RunReportError, match="Run directory .* does not exist"):
+        render_model_card(tmp_path / "nowhere")
+
+
+def test_malformed_run_report(tmp_path):
+    (tmp_path / "run_report.json").write_text('{"teacher": {"name": "x"},')
+    with pytest.raises(RunReportError, match=r"run_report\.json is not valid JSON"):
+        load_run_report(tmp_path)
+    (tmp_path / "run_report.json").write_text("[1, 2]")
+    with pytest.raises(RunReportError, match="must hold a JSON object, got list"):
+        load_run_report(tmp_path)
+
+
+def test_run_report_missing_keys_are_all_named(tmp_path):
+    report = make_report()
+    del report["teacher"]["name"], report["eval"]["after"], report["policy"]
+    (tmp_path / "run_report.json").write_text(json.dumps(report))
+    with pytest.raises(RunReportError, match=r"lacks required keys: teacher\.name, policy, eval\.after\."):
+        load_run_report(tmp_path)
+    report = make_report()
+    report["eval"]["before"] = 0.5
+    (tmp_path / "run_report.json").write_text(json.dumps(report))
+    with pytest.raises(RunReportError, match=r"eval\.before must be an EvalResult dict"):
+        load_run_report(tmp_path)
+
+
+def test_missing_or_bad_rock_tokens(tmp_path, tokenizer):
+    run, _, _ = make_run(tmp_path, tokenizer)
+    (run / "rock_tokens.json").unlink()
+    with pytest.raises(RunReportError, match=r"rock_tokens\.json does not exist.*write_rock_tokens"):
+        render_model_card(run)
+    (run / "rock_tokens.json").write_text('"just a string"')
+    with pytest.raises(RunReportError, match="is not a rock-set file"):
+        render_model_card(run)
+
+
+def test_report_contradicting_the_saved_weights(tmp_path, tokenizer):
+    report = make_report(adapter=True)
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)  # a full model saved
+    with pytest.raises(RunReportError, match="says the student is a LoRA adapter .* holds a full model"):
+        render_model_card(run)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI ----
+def test_cli_card(tmp_path, tokenizer, capsys):
+    run, report, _ = make_run(tmp_path, tokenizer)
+    out = tmp_path / "examples" / "card.md"
+    assert main(["card", str(run), "--out", str(out), "--model-id", "me/smollm2-rockopd"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    card = ModelCard.load(out)
+    assert card.data.base_model == BASE_ID
+    assert 'from_pretrained("me/smollm2-rockopd")' in card.text
+    assert (out.parent / "card_training_curves.png").is_file()
+
+    assert main(["card", str(tmp_path / "base")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-rockopd card: error:") and "run_report.json does not exist" in err
+
+
+# ------------------------------------------------------------------------------------------ trainer hook ----
+def rock_freeze_trainer(tokenizer, output_dir, peft_config=None, **kwargs):
+    rock_ids = [tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" ", "1")]
+    args = make_args(
+        output_dir, max_steps=1, rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": rock_ids},
+        rock_probe_fraction=1.0, lmbda=0.0, **kwargs,  # lmbda=0: the dataset's answers, which hold both tokens
+    )
+    student = build_tiny_causal_lm(tokenizer, seed=0)
+    teacher = build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
+    trainer = RockOPDTrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=make_dataset(8), processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    return trainer, rock_ids
+
+
+def test_trainer_hook_renders_our_card_at_checkpoints_and_with_a_run_report(tmp_path, tokenizer):
+    out = tmp_path / "tiny-rockopd"
+    trainer, rock_ids = rock_freeze_trainer(tokenizer, out, save_strategy="steps", save_steps=1)
+    trainer.train()
+    # TRL's _save_checkpoint calls create_model_card: the card written there is already ours.
+    assert (out / "checkpoint-1").is_dir()
+    card = ModelCard.load(out / "README.md")
+    assert set(CARD_TAGS) <= set(card.data.tags) and card.data.library_name == "transformers"
+
+    trainer.create_model_card(model_name="tiny-rockopd", tags=["my-tag"], license="mit")
+    card = ModelCard.load(out / "README.md")
+    assert card.data.model_name == "tiny-rockopd" and card.data.license == "mit"
+    assert {"my-tag", *CARD_TAGS, *RockOPDTrainer._tag_names} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "text-generation"
+    rocks = table(section(card.text, "Rock tokens found"))
+    assert [int(r[2]) for r in rocks] == rock_ids
+    assert [r[1] for r in rocks] == ["`` ' ' ``", "`` '1' ``"]
+    assert all(int(r[3]) > 0 for r in rocks)  # counted on the step's completions
+    assert "has not been evaluated yet" in section(card.text, "Evaluation")
+    assert "| `global_step` | `1` |" in section(card.text, "Training")
+    assert (out / "training_curves.png").read_bytes()[:8] == PNG_MAGIC
+
+    report = make_report(kept_layers=[0, 1], num_layers=2)
+    (out / "run_report.json").write_text(json.dumps(report))
+    trainer.create_model_card(model_name="tiny-rockopd")
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == BASE_ID and card.data.license == "apache-2.0"
+    assert "2 decoder layers, kept from the base model: [0, 1]" in card.text
+    eval_rows = {r[0]: r[1:] for r in table(section(card.text, "Evaluation"))}
+    assert eval_rows["accuracy"] == ["0.1000", "0.1750", "+0.0750"]
+    # The policy and rock set come from the trainer, not from the report.
+    assert "`rock_freeze`" in section(card.text, "Token policy")
+
+    (out / "run_report.json").write_text("{broken")
+    trainer.create_model_card()  # a checkpoint save must not fail on a bad report
+    assert "has not been evaluated yet" in ModelCard.load(out / "README.md").text
+
+
+def test_push_to_hub_uploads_our_card_for_a_lora_student(tmp_path, tokenizer, monkeypatch):
+    import transformers.trainer
+    from peft import LoraConfig
+
+    uploads = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            return type("RepoUrl", (), {"repo_id": f"me/{repo_id}"})()
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            uploads.append((repo_id, (Path(folder_path) / "README.md").read_text(encoding="utf-8")))
+            return "committed"
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    peft_config = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer, _ = rock_freeze_trainer(tokenizer, tmp_path / "lora-rockopd", peft_config=peft_config)
+    trainer.train()
+    assert trainer.push_to_hub(tags=["extra"]) == "committed"
+
+    (repo_id, readme), = uploads
+    assert repo_id == "me/lora-rockopd"
+    card = ModelCard(readme)
+    assert card.data.library_name == "peft"
+    assert {"extra", *CARD_TAGS} <= set(card.data.tags)
+    assert card.data.model_name == "lora-rockopd"
+    assert 'AutoPeftModelForCausalLM.from_pretrained("me/lora-rockopd")' in card.text
+    assert "## Rock tokens found" in card.text and "## Citation" in card.text
+    assert (tmp_path / "lora-rockopd" / "adapter_model.safetensors").is_file()
