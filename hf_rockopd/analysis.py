@@ -8,7 +8,9 @@ Each step reads and writes plain files, so steps can be rerun and compared (arXi
 - `stability_sweep`: Jaccard overlap of the top-K of random sub-corpora with the full corpus's, to pick K.
 - `compare_token_tables`: per-type mean divergence of two tables (early and late checkpoints) for rocks, rare
   high-divergence types and a frequency-matched random control, with Wilcoxon signed-rank tests.
-- `gradient_geometry`: per-occurrence logit-gradient norms of rocks, rare types and controls, with Mann-Whitney tests.
+- `gradient_cosines`: each token's cosine with G_balanced (the sum over types of each type's mean logit gradient).
+- `gradient_geometry`: per-occurrence logit-gradient norms and cosines of rocks, rare types and controls, with
+  Mann-Whitney tests.
 - `matched_controls`: a random id set truly matched to the rock set's frequency distribution.
 - `knockout`: ban one token at inference and test the accuracy change on GSM8K-style problems, with
   `paired_bootstrap` p-values and `benjamini_hochberg` q-values.
@@ -48,6 +50,7 @@ from .rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 logger = logging.get_logger(__name__)
 
 __all__ = [
+    "GRAD_COSINE_FILE",
     "TOKEN_TABLE_COLUMNS",
     "ScoreResult",
     "TokenTable",
@@ -58,6 +61,7 @@ __all__ = [
     "load_problems",
     "collect_token_table",
     "compare_token_tables",
+    "gradient_cosines",
     "gradient_geometry",
     "load_prompts",
     "load_token_table",
@@ -146,6 +150,20 @@ def _model_vocab_size(model: torch.nn.Module) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
+def _as_chat(prompt: Any) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def _encode_chats(tokenizer: Any, chats: Sequence[list[dict[str, str]]]) -> Any:
+    """Chat prompts with the generation prompt, left-padded (so every completion starts at the same column)."""
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chats]
+        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = padding_side
+
+
 def _generate(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -156,13 +174,7 @@ def _generate(
     suppress_tokens: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Generate from chat prompts, left-padded: `(sequences, prompt attention mask, prompt length)`."""
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in chats]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = padding_side
-    enc = enc.to(next(model.parameters()).device)
+    enc = _encode_chats(tokenizer, chats).to(next(model.parameters()).device)
     sequences = model.generate(
         **enc,
         max_new_tokens=max_new_tokens,
@@ -192,6 +204,7 @@ def collect_token_table(
     beta: float = 1.0,
     temperature: float = 1.0,
     show_progress: bool = True,
+    gradient_cosine: bool = True,
 ) -> str:
     """Roll out `prompts` with the student and write one row per generated token, scored against the teacher.
 
@@ -200,6 +213,9 @@ def collect_token_table(
     and the closed-form logit-gradient norm. The table is written as one Parquet part per batch under `output_dir`;
     a rerun skips the parts already written, so an interrupted collection resumes where it stopped. Sampling
     (`do_sample=True`) is seeded per batch, so a resumed run draws what an uninterrupted one would.
+
+    With `gradient_cosine` (default), `gradient_cosines` then adds each token's cosine with the balanced gradient
+    (two more forward passes of both models per batch, no generation).
 
     Args:
         prompts: chat message lists (see `load_prompts`) or plain strings (sent as one user message).
@@ -245,13 +261,16 @@ def collect_token_table(
     student.eval()
     teacher.eval()
     starts = list(range(0, len(prompts), batch_size))
+    cosine_path = os.path.join(output_dir, GRAD_COSINE_FILE)
     try:
         for part, start in enumerate(tqdm(starts, desc="collect", disable=not show_progress)):
             path = os.path.join(output_dir, f"part-{part:05d}.parquet")
             if os.path.exists(path):
                 continue
+            if os.path.exists(cosine_path):
+                os.remove(cosine_path)  # G_balanced is a corpus-wide sum: a new part makes every cosine stale
             chunk = prompts[start : start + batch_size]
-            batch = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in chunk]
+            batch = [_as_chat(p) for p in chunk]
             torch.manual_seed(seed + part)
             generated, prompt_mask, prompt_len = _generate(
                 student, tokenizer, batch, max_new_tokens, do_sample=do_sample, temperature=temperature
@@ -287,6 +306,8 @@ def collect_token_table(
     finally:
         student.train(was_training[0])
         teacher.train(was_training[1])
+    if gradient_cosine and not os.path.exists(cosine_path):
+        gradient_cosines(student, teacher, tokenizer, prompts, output_dir, show_progress=show_progress)
     return os.fspath(output_dir)
 
 
@@ -302,6 +323,135 @@ def _check_meta_matches(output_dir: str | os.PathLike, meta: Mapping[str, Any]) 
             f"{output_dir} holds a token table collected with other settings {changed} (old, new). Resuming would mix "
             "them; use a new output directory or delete this one."
         )
+
+
+GRAD_COSINE_FILE = "grad_cosine.parquet"
+
+
+def _logit_gradients(s: torch.Tensor, t: torch.Tensor, beta: float, temperature: float) -> torch.Tensor:
+    """`(N, V)` gradients of each row's divergence with respect to that row's student logits (rows are independent)."""
+    with torch.enable_grad():
+        s = s.detach().float().requires_grad_(True)
+        per_token_divergence(s, t.detach().float(), beta, temperature).sum().backward()
+    return s.grad
+
+
+def _part_logits(student, teacher, tokenizer, prompts, part: pd.DataFrame, pad_id: int):
+    """Rebuild one collected batch from its rows and re-run both models: `(student, teacher)` logits per row."""
+    indices = sorted(int(i) for i in part["prompt_index"].unique())
+    enc = _encode_chats(tokenizer, [_as_chat(prompts[i]) for i in indices])
+    row_of = {p: r for r, p in enumerate(indices)}
+    rows = torch.tensor([row_of[int(p)] for p in part["prompt_index"]])
+    cols = torch.tensor(part["position"].to_numpy(np.int64))
+    width = int(cols.max()) + 1
+    completion = torch.full((len(indices), width), pad_id, dtype=torch.long)
+    completion[rows, cols] = torch.tensor(part["token_id"].to_numpy(np.int64))
+    valid = torch.zeros_like(completion)
+    valid[rows, cols] = 1
+    prompt_len = enc["input_ids"].shape[1]
+    device = next(student.parameters()).device
+    ids = torch.cat([enc["input_ids"], completion], dim=1).to(device)
+    attention = torch.cat([enc["attention_mask"], valid], dim=1).to(device)
+    # As in collect: the logits at prompt_len - 1 + c produced the completion token at column c.
+    s = student(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1][rows, cols].float()
+    t = teacher(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1][rows, cols].float()
+    return s, t
+
+
+@torch.no_grad()
+def gradient_cosines(
+    student: torch.nn.Module,
+    teacher: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    table_dir: str | os.PathLike,
+    row_chunk: int = 256,
+    show_progress: bool = True,
+) -> str:
+    """Add each token's cosine with the balanced gradient G_balanced to a collected table (`grad_cosine.parquet`).
+
+    `G_balanced = Σ_v mean_{i: type(i) = v} g_i` is the sum over token types of each type's mean logit gradient `g_i`
+    (the gradient of the training divergence with respect to the student's logits at that position), so every type
+    counts once however often it occurs. It is a corpus-wide sum, so it takes two passes, each rebuilding every
+    collected batch from the table and re-running both models (no generation): the first sums `g_i / count(type_i)`,
+    the second writes `cos(g_i, G_balanced)`. The cosines are exact, not a random projection; their cost is two
+    forward passes of both models per batch and one `(rows, V)` gradient block at a time. Each rebuilt row's
+    divergence must equal the stored one, so a table collected with other models or prompts is refused.
+
+    Args:
+        prompts: the prompts the table was collected from, in the same order.
+        table_dir: a directory written by `collect_token_table`.
+
+    Returns:
+        `str`: the path of `grad_cosine.parquet` (columns `prompt_index`, `position`, `grad_cosine`; its schema
+        metadata holds `g_balanced_norm` and `types`). `load_token_table` merges it as the `grad_cosine` column.
+
+    Example:
+    ```python
+    gradient_cosines(student, teacher, tokenizer, load_prompts("gsm8k.jsonl", limit=500), "tables/early")
+    ```
+    """
+    from tqdm.auto import tqdm
+
+    table = load_token_table(table_dir)
+    beta, temperature = float(table.meta.get("beta", 1.0)), float(table.meta.get("temperature", 1.0))
+    if len(prompts) < table.frame["prompt_index"].max() + 1:
+        raise ValueError(
+            f"{table_dir} was collected from {int(table.frame['prompt_index'].max()) + 1} prompts, got {len(prompts)}. "
+            "Pass the same prompts, in the same order."
+        )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    parts = sorted(p for p in os.listdir(table_dir) if p.startswith("part-") and p.endswith(".parquet"))
+    frames = [pq.read_table(os.path.join(table_dir, p)).to_pandas() for p in parts]
+    counts = table.counts()
+    was_training = (student.training, teacher.training)
+    student.eval()
+    teacher.eval()
+    g_balanced = None
+    cosines: list[np.ndarray] = []
+    try:
+        for sweep in ("sum", "cosine"):
+            for part in tqdm(frames, desc=f"G_balanced ({sweep})", disable=not show_progress):
+                s, t = _part_logits(student, teacher, tokenizer, prompts, part, pad_id)
+                stored = torch.tensor(part["divergence"].to_numpy(np.float32), device=s.device)
+                recomputed = per_token_divergence(s, t, beta, temperature)
+                worst = float((recomputed - stored).abs().max())
+                if worst > 1e-3 + 1e-3 * float(stored.abs().max()):
+                    raise ValueError(
+                        f"Rebuilding {table_dir} gives divergences up to {worst:.3g} away from the stored ones: the "
+                        "table was collected with other models or prompts. Pass the ones it was collected with."
+                    )
+                ids = torch.tensor(part["token_id"].to_numpy(np.int64), device=s.device)
+                out = []
+                for lo in range(0, len(part), row_chunk):
+                    g = _logit_gradients(s[lo : lo + row_chunk], t[lo : lo + row_chunk], beta, temperature).double()
+                    if sweep == "sum":
+                        weights = 1.0 / torch.from_numpy(counts).to(s.device)[ids[lo : lo + row_chunk]]
+                        contribution = (weights[:, None] * g).sum(dim=0)
+                        g_balanced = contribution if g_balanced is None else g_balanced + contribution
+                    else:
+                        norms = g.norm(dim=1) * g_balanced.norm()
+                        cos = (g @ g_balanced) / norms
+                        out.append(torch.where(norms > 0, cos, torch.nan).cpu().numpy())
+                if sweep == "cosine":
+                    cosines.append(np.concatenate(out))
+    finally:
+        student.train(was_training[0])
+        teacher.train(was_training[1])
+    result = pa.table(
+        {
+            "prompt_index": pa.array(np.concatenate([f["prompt_index"].to_numpy() for f in frames]), pa.int64()),
+            "position": pa.array(np.concatenate([f["position"].to_numpy() for f in frames]), pa.int64()),
+            "grad_cosine": pa.array(np.concatenate(cosines), pa.float64()),
+        }
+    )
+    info = {"g_balanced_norm": float(g_balanced.norm()), "types": int((counts > 0).sum()), "parts": parts}
+    result = result.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})
+    path = os.path.join(table_dir, GRAD_COSINE_FILE)
+    pq.write_table(result, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+    logger.info("G_balanced over %d types, norm %.4g; wrote %s", info["types"], info["g_balanced_norm"], path)
+    return path
 
 
 @dataclass
@@ -360,7 +510,7 @@ def load_token_table(path: str | os.PathLike | pd.DataFrame, vocab_size: int | N
     else:
         source = os.fspath(path)
         if os.path.isdir(source):
-            parts = sorted(p for p in os.listdir(source) if p.endswith(".parquet"))
+            parts = sorted(p for p in os.listdir(source) if p.startswith("part-") and p.endswith(".parquet"))
             if not parts:
                 raise ValueError(f"Token table {source} is empty: no Parquet part. Run `collect` first.")
             tables = [pq.read_table(os.path.join(source, p)) for p in parts]
@@ -369,6 +519,23 @@ def load_token_table(path: str | os.PathLike | pd.DataFrame, vocab_size: int | N
                 with open(meta_path, encoding="utf-8") as f:
                     meta = json.load(f)
             frame = pa.concat_tables(tables).to_pandas()
+            cosine_path = os.path.join(source, GRAD_COSINE_FILE)
+            if os.path.exists(cosine_path):
+                cosine = pq.read_table(cosine_path)
+                info = json.loads((cosine.schema.metadata or {}).get(_META_KEY, b"{}"))
+                if info.get("parts") == parts and cosine.num_rows == len(frame):
+                    # Written part by part in the same order as the parts, so rows align one to one.
+                    cosine = cosine.to_pandas()
+                    if (cosine["prompt_index"].to_numpy() == frame["prompt_index"].to_numpy()).all() and (
+                        cosine["position"].to_numpy() == frame["position"].to_numpy()
+                    ).all():
+                        frame["grad_cosine"] = cosine["grad_cosine"].to_numpy()
+                        meta["g_balanced_norm"] = info.get("g_balanced_norm")
+                else:
+                    logger.warning(
+                        "%s does not match the parts of %s (stale); ignoring it. Rerun `gradient_cosines`.",
+                        cosine_path, source,
+                    )
         elif os.path.isfile(source):
             table = pq.read_table(source)
             raw = (table.schema.metadata or {}).get(_META_KEY)
@@ -746,35 +913,43 @@ def compare_token_tables(
 def gradient_geometry(
     table: TokenTable, rock_ids: Sequence[int], n_rare: int | None = None, seed: int = 0
 ) -> pd.DataFrame:
-    """Per-occurrence logit-gradient norms of rocks vs rare high-divergence types and a matched random control.
+    """Per-occurrence logit-gradient geometry of rocks vs rare high-divergence types and a matched random control.
 
-    Rocks pull weakly per occurrence (the paper: median ≈ 0.016 vs ≈ 0.54 for rare types) and matter by frequency.
-    Each other group is tested against the rocks with the two-sided Mann-Whitney U test (`scipy.stats.mannwhitneyu`).
-    The cosine with the balanced gradient needs full gradient vectors and is not computed here.
+    Rocks pull weakly per occurrence (the paper: median norm ≈ 0.016 vs ≈ 0.54 for rare types) and matter by
+    frequency. When the table has the `grad_cosine` column (`gradient_cosines`, run by `collect` by default), the
+    cosine of each occurrence's gradient with G_balanced is summarised too (the paper: median ≈ 0.040 rocks, 0.025
+    rare, 0.006 random). Each other group is tested against the rocks with the two-sided Mann-Whitney U test
+    (`scipy.stats.mannwhitneyu`).
 
     Returns:
-        one row per group: `group`, `occurrences`, `median_grad_norm`, `p_value_vs_rock`.
+        one row per group: `group`, `occurrences`, `median_grad_norm`, `p_value_vs_rock`, and with cosines
+        `median_cosine`, `p_value_cosine_vs_rock`.
+
+    Example:
+    ```python
+    frame = gradient_geometry(load_token_table("tables/early"), result.rock_ids)
+    ```
     """
     if "logit_grad_norm" not in table.frame.columns:
         raise ValueError(f"Token table {table.source} has no logit_grad_norm column; collect it with `collect`.")
     groups = _comparison_groups(table, rock_ids, n_rare, seed)
     ids = table.frame["token_id"].to_numpy()
-    norms = table.frame["logit_grad_norm"].to_numpy(np.float64)
-    rock_norms = norms[np.isin(ids, groups["rock"])]
-    rows = []
-    for name, group in groups.items():
-        values = norms[np.isin(ids, group)]
-        p = float("nan")
-        if name != "rock" and len(values) and len(rock_norms):
-            p = float(stats.mannwhitneyu(values, rock_norms, alternative="two-sided").pvalue)
-        rows.append(
-            {
-                "group": name,
-                "occurrences": int(len(values)),
-                "median_grad_norm": float(np.median(values)) if len(values) else float("nan"),
-                "p_value_vs_rock": p,
-            }
-        )
+    measures = {"grad_norm": ("logit_grad_norm", "p_value_vs_rock")}
+    if "grad_cosine" in table.frame.columns:
+        measures["cosine"] = ("grad_cosine", "p_value_cosine_vs_rock")
+    rows = [{"group": name, "occurrences": int(np.isin(ids, group).sum())} for name, group in groups.items()]
+    for measure, (column, p_name) in measures.items():
+        values_all = table.frame[column].to_numpy(np.float64)
+        in_rock = np.isin(ids, groups["rock"])
+        rock_values = values_all[in_rock & np.isfinite(values_all)]
+        for row, (name, group) in zip(rows, groups.items()):
+            mask = np.isin(ids, group)
+            values = values_all[mask & np.isfinite(values_all)]
+            p = float("nan")
+            if name != "rock" and len(values) and len(rock_values):
+                p = float(stats.mannwhitneyu(values, rock_values, alternative="two-sided").pvalue)
+            row[f"median_{measure}"] = float(np.median(values)) if len(values) else float("nan")
+            row[p_name] = p
     return pd.DataFrame(rows)
 
 

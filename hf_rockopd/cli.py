@@ -10,6 +10,7 @@ hf-rockopd analyze controls tables/early --rock-set rock_set.json --out controls
 hf-rockopd analyze compare tables/early tables/late --rock-set rock_set.json
 hf-rockopd analyze gradients tables/early --rock-set rock_set.json
 hf-rockopd analyze knockout --model S --problems gsm8k.jsonl --rock-set rock_set.json --top 20 --limit 200
+hf-rockopd analyze report tables/early --rock-set rock_set.json --knockout knockout.csv --out report/
 ```
 """
 
@@ -59,6 +60,7 @@ def _collect(args: argparse.Namespace) -> int:
         seed=args.seed,
         beta=args.beta,
         temperature=args.temperature,
+        gradient_cosine=not args.no_grad_cosine,
     )
     table = analysis.load_token_table(args.out)
     print(f"collected {len(table.frame)} generated tokens from {len(prompts)} prompts into {args.out}")
@@ -152,6 +154,38 @@ def _knockout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report
+
+    table = analysis.load_token_table(args.table)
+    if args.rock_set:
+        # Rescore with the rock set's own settings, so the report's numbers are the ones `score` printed.
+        payload = load_rock_set(args.rock_set, vocab_size=table.vocab_size)
+        chosen = payload.get("selection") or {}
+        coverage = chosen.get("coverage")
+        result = analysis.score_token_table(
+            table,
+            top_k=None if coverage is not None else int(chosen.get("top_k", len(payload["token_ids"]))),
+            coverage=coverage,
+            min_count=int(chosen.get("min_count", args.min_count)),
+            exclude_top_frequent=int(chosen.get("exclude_top_frequent", args.exclude_top_frequent)),
+        )
+        if result.rock_ids != payload["token_ids"]:
+            raise ValueError(
+                f"{args.rock_set} was not scored from {args.table}: rescoring the table with its settings gives other "
+                "ids. Give the table it was scored from, or drop --rock-set to score here."
+            )
+    else:
+        result = analysis.score_token_table(
+            table, top_k=None if args.coverage is not None else args.top_k, coverage=args.coverage,
+            min_count=args.min_count, exclude_top_frequent=args.exclude_top_frequent,
+        )
+    report = build_report(table, args.out, score=result, late_table=args.late, knockout=args.knockout,
+                          top_n=args.show, seed=args.seed, title=args.title)
+    print(f"wrote {report.markdown_path}, {report.html_path} and {len(report.figures)} figures")
+    return 0
+
+
 def _card(args: argparse.Namespace) -> int:
     from .model_card import write_model_card
 
@@ -184,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--beta", type=float, default=1.0, help="divergence: 1 reverse KL (paper), 0 forward KL")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--no-grad-cosine", action="store_true",
+                   help="skip the cosine with G_balanced (two extra forward passes per batch)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=_collect)
@@ -247,6 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="CSV of the verdicts")
     p.set_defaults(func=_knockout)
+
+    p = analyze.add_parser("report", help="Markdown + HTML report with PNG figures")
+    p.add_argument("table")
+    p.add_argument("--rock-set", default=None, help="rock_set.json scored from TABLE (its settings are reused)")
+    p.add_argument("--top-k", type=int, default=100)
+    p.add_argument("--coverage", type=float, default=None, help="pick K by divergence share instead of --top-k")
+    selection(p)
+    p.add_argument("--late", default=None, help="a second token table (e.g. a later checkpoint) to compare with")
+    p.add_argument("--knockout", default=None, help="CSV written by `analyze knockout --out`")
+    p.add_argument("--show", type=int, default=20, help="rocks listed in the report")
+    p.add_argument("--seed", type=int, default=0, help="seed of the matched random control")
+    p.add_argument("--title", default="Rock-token report")
+    p.add_argument("--out", default="report", help="report directory")
+    p.set_defaults(func=_report)
 
     p = commands.add_parser("card", help="render the model card of a saved run (to check it before upload)")
     p.add_argument("run_dir", help="output directory of `hf-rockopd distill` (run_report.json, rock_tokens.json)")
