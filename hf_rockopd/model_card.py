@@ -110,9 +110,10 @@ def load_run_report(run_dir: str | os.PathLike) -> dict[str, Any]:
     """Read and check `run_dir/run_report.json`.
 
     Required: `teacher.name`, `student.name`, `student.base_model`, `student.adapter`, `policy.name`, `eval.before`
-    and `eval.after` (each an `EvalResult` dict). Optional: `hf_rockopd_version`, `teacher.source`,
-    `student.kept_layers`, `student.num_layers`, `student.load_in_4bit`, `dataset`, `policy.kwargs`, `training`,
-    `log_history`, `command`, `license` (default `"apache-2.0"`).
+    and `eval.after` (each an `EvalResult` dict, or null for a skipped evaluation). Optional: `hf_rockopd_version`,
+    `teacher.source`, `student.kept_layers`, `student.num_layers`, `student.load_in_4bit`, `dataset`,
+    `policy.kwargs`, `training`, `log_history`, `command`, `license` (default `"apache-2.0"` for SmolLM2 students,
+    else `"other"`).
 
     Raises:
         RunReportError: the file is missing, is not JSON, or lacks required keys (all of them are named).
@@ -138,9 +139,10 @@ def load_run_report(run_dir: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise RunReportError(f"{path} lacks required keys: {', '.join(missing)}. {_PRODUCE_HINT}")
     for stage in ("before", "after"):
-        if not isinstance(report["eval"][stage], dict):
+        # null: the run skipped that evaluation (`--skip_eval`).
+        if report["eval"][stage] is not None and not isinstance(report["eval"][stage], dict):
             raise RunReportError(
-                f"{path}: eval.{stage} must be an EvalResult dict (EvalResult.to_dict()), got "
+                f"{path}: eval.{stage} must be an EvalResult dict (EvalResult.to_dict()) or null, got "
                 f"{type(report['eval'][stage]).__name__}."
             )
     if not isinstance(report.get("log_history", []), list):
@@ -288,13 +290,15 @@ def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict
 
 
 def _eval_settings(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-    settings = after.get("settings") or {}
-    text = ", ".join(f"{k}={_setting(v)}" for k, v in settings.items())
-    if (before.get("settings") or {}) != settings:
-        text += "; the run before training used other settings: " + ", ".join(
-            f"{k}={_setting(v)}" for k, v in (before.get("settings") or {}).items()
-        )
-    return text
+    b, a = before.get("settings") or {}, after.get("settings") or {}
+    parts = [f"{k}={_setting(a[k])}" for k in a if k in b and a[k] == b[k]]
+    # Some settings differ by design (the rock set exists only after training, timings): show both values.
+    parts += [
+        f"{k}: {_setting(b.get(k))} before, {_setting(a.get(k))} after"
+        for k in dict.fromkeys([*b, *a])
+        if not (k in a and k in b and a[k] == b[k])
+    ]
+    return "; ".join(parts)
 
 
 def _load_snippet(model_id: str, student: Mapping[str, Any]) -> str:
@@ -426,7 +430,8 @@ def build_model_card(
     model_id = model_id or report.get("hub_model_id") or f"your-namespace/{model_name.split('/')[-1]}"
 
     tags = list(CARD_TAGS)
-    extra = [*extra_tags, *(["peft", "lora"] if adapter else []), *(["4-bit", "bitsandbytes"] if student.get("load_in_4bit") else [])]
+    extra = [*extra_tags, *(["peft", "lora"] if adapter else [])]
+    extra += ["4-bit", "bitsandbytes"] if student.get("load_in_4bit") else []
     tags += [t for t in dict.fromkeys(extra) if t not in tags]
     base_model = student["base_model"] if _is_hub_id(student.get("base_model")) else None
     dataset_id = _hub_dataset_id(dataset)
@@ -449,9 +454,11 @@ def build_model_card(
         curves_image = os.path.basename(os.fspath(curves_path))
 
     evaluation = None
-    if report.get("eval"):
-        before, after = report["eval"]["before"], report["eval"]["after"]
-        evaluation = {"rows": _eval_rows(before, after), "settings": _eval_settings(before, after)}
+    if report.get("eval") and (report["eval"].get("before") or report["eval"].get("after")):
+        before, after = report["eval"].get("before") or {}, report["eval"].get("after") or {}
+        rows = _eval_rows(before, after)
+        missing = any("—" in (row["before"], row["after"]) for row in rows)
+        evaluation = {"rows": rows, "settings": _eval_settings(before, after), "missing": missing}
 
     sizes = ", ".join(f"{dataset[k]} {k[4:]}" for k in ("num_train", "num_eval") if dataset.get(k) is not None)
     training = dict(report.get("training") or {})
@@ -529,7 +536,9 @@ def render_model_card(
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise RunReportError(f"Run directory {run_dir} does not exist. Give the output directory of `hf-rockopd distill`.")
+        raise RunReportError(
+            f"Run directory {run_dir} does not exist. Give the output directory of `hf-rockopd distill`."
+        )
     report = load_run_report(run_dir)
     _check_model_files(run_dir, report)
     rock_tokens = load_rock_tokens(run_dir)

@@ -282,6 +282,26 @@ def test_no_metrics_no_image_and_empty_rock_set(tmp_path, tokenizer):
     assert plot_training_curves([{"step": 1, "train_loss": 1.0}], tmp_path / "x.png") is None
 
 
+def test_unmeasured_values_and_skipped_evaluation(tmp_path, tokenizer):
+    report = make_report()
+    before = report["eval"]["before"]
+    before.update(mean_divergence_non_rock=None, rock_token_share=None)
+    before["settings"].update(num_rock_ids=0, seconds=12.5)
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    evaluation = section(render_model_card(run).text, "Evaluation")
+    rows = {r[0]: r[1:] for r in table(evaluation)}
+    assert rows["rock_token_share"] == ["—", "0.3100", "—"]
+    assert rows["mean_divergence"] == ["1.4568", "1.0123", "-0.4444"]
+    assert "A dash is a value that was not measured" in evaluation
+    assert "max_new_tokens=128" in evaluation and "num_rock_ids: 0 before, 3 after" in evaluation
+    assert "seconds: 12.5 before, null after" in evaluation
+
+    report["eval"] = {"before": None, "after": None}  # `--skip_eval`
+    (run / "run_report.json").write_text(json.dumps(report))
+    evaluation = section(render_model_card(run).text, "Evaluation")
+    assert "has not been evaluated yet" in evaluation and "| metric |" not in evaluation
+
+
 # ---------------------------------------------------------------------------------------------- bad input ----
 def test_missing_run_report_names_the_file_and_the_fix(tmp_path):
     with pytest.raises(RunReportError, match=r"run_report\.json does not exist.*hf-rockopd distill"):
@@ -308,7 +328,7 @@ def test_run_report_missing_keys_are_all_named(tmp_path):
     report = make_report()
     report["eval"]["before"] = 0.5
     (tmp_path / "run_report.json").write_text(json.dumps(report))
-    with pytest.raises(RunReportError, match=r"eval\.before must be an EvalResult dict"):
+    with pytest.raises(RunReportError, match=r"eval\.before must be an EvalResult dict .* or null, got float"):
         load_run_report(tmp_path)
 
 
