@@ -208,12 +208,16 @@ def plot_training_curves(log_history: Sequence[Mapping[str, Any]], path: str | o
     nrows = math.ceil(len(keys) / ncols)
     figure = Figure(figsize=(4.2 * ncols, 2.8 * nrows), layout="constrained")
     axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
+    # One step range for every panel, so a metric logged only late in training is placed where it happened.
+    all_steps = [e["step"] for e in log_history if "step" in e]
+    pad = max(0.5, 0.03 * (max(all_steps) - min(all_steps)))
     for ax, key in zip(axes, keys):
         points = [(e["step"], e[key]) for e in log_history if "step" in e and isinstance(e.get(key), (int, float))]
         steps, values = zip(*points)
         ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        ax.set_xlim(min(all_steps) - pad, max(all_steps) + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -234,8 +238,17 @@ def _number(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return f"{value:.4f}" if math.isfinite(value) else str(value)
+        return _float(value)
     return str(value)
+
+
+def _float(value: float, sign: str = "") -> str:
+    # Four decimals read well for accuracies and divergences near 1; tiny values would all print as 0.0000.
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and abs(value) < 0.01:
+        return f"{value:{sign}.3e}"
+    return f"{value:{sign}.4f}"
 
 
 def _delta(before: Any, after: Any) -> str:
@@ -244,7 +257,7 @@ def _delta(before: Any, after: Any) -> str:
         return "—"
     if isinstance(before, int) and isinstance(after, int):
         return f"{after - before:+d}"
-    return f"{after - before:+.4f}"
+    return _float(after - before, sign="+")
 
 
 def _setting(value: Any) -> str:
@@ -256,7 +269,9 @@ def _token_cell(token: Any) -> str:
     if token is None:
         return "(not decoded)"
     # repr keeps whitespace and newlines visible; double backticks let a token hold a single backtick.
-    return f"`` {repr(token).replace('|', chr(92) + '|')} ``"
+    cell = f"`` {repr(token).replace('|', chr(92) + '|')} ``"
+    # Byte-level tokenizers decode a lone piece of a multi-byte character as U+FFFD; several rocks can look alike.
+    return f"{cell} (part of a multi-byte character)" if "\ufffd" in token else cell
 
 
 def _is_hub_id(name: str | None) -> bool:

@@ -68,13 +68,13 @@ def make_report(**student):
     }
 
 
-ROCK_TEXTS = ["\n", "|", "8", " "]
+ROCK_TEXTS = ["\n", "|", "8", " ", "é"]  # "é": its first byte alone, which decodes to U+FFFD
 
 
 def write_rock_tokens(run, tokenizer):
     rows = []
     for rank, text in enumerate(ROCK_TEXTS):
-        (token_id,) = tokenizer(text, add_special_tokens=False)["input_ids"]
+        token_id = tokenizer(text, add_special_tokens=False)["input_ids"][0]
         rows.append(
             {"token_id": token_id, "token": tokenizer.decode([token_id]), "count": 50 - 10 * rank,
              "mean_divergence": 2.0 - 0.25 * rank, "rock_score": (50 - 10 * rank) * (2.0 - 0.25 * rank)}
@@ -160,11 +160,13 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     assert len(rock_table) == len(rows)
     for (rank, token, token_id, count, mean, score), row in zip(rock_table, rows):
         # Decoded, whitespace visible as repr; the table's own pipe is escaped.
-        assert token == f"`` {repr(row['token']).replace('|', chr(92) + '|')} ``"
+        expected = f"`` {repr(row['token']).replace('|', chr(92) + '|')} ``"
+        assert token == (f"{expected} (part of a multi-byte character)" if row["token"] == "\ufffd" else expected)
         assert int(token_id) == row["token_id"] and int(count) == row["count"]
         assert float(mean) == pytest.approx(row["mean_divergence"], abs=5e-5)
         assert float(score) == pytest.approx(row["rock_score"], abs=5e-5)
     assert [r[1] for r in rock_table][:2] == ["`` '\\n' ``", "`` '\\|' ``"]
+    assert rock_table[-1][1] == "`` '\ufffd' `` (part of a multi-byte character)"
 
     evaluation = section(text, "Evaluation")
     eval_rows = {r[0]: r[1:] for r in table(evaluation)}
@@ -287,11 +289,13 @@ def test_unmeasured_values_and_skipped_evaluation(tmp_path, tokenizer):
     before = report["eval"]["before"]
     before.update(mean_divergence_non_rock=None, rock_token_share=None)
     before["settings"].update(num_rock_ids=0, seconds=12.5)
+    before["clipped_ratio"], report["eval"]["after"]["clipped_ratio"] = 0.0, 0.004
     run, _, _ = make_run(tmp_path, tokenizer, report=report)
     evaluation = section(render_model_card(run).text, "Evaluation")
     rows = {r[0]: r[1:] for r in table(evaluation)}
     assert rows["rock_token_share"] == ["—", "0.3100", "—"]
     assert rows["mean_divergence"] == ["1.4568", "1.0123", "-0.4444"]
+    assert rows["clipped_ratio"] == ["0.0000", "4.000e-03", "+4.000e-03"]  # small values keep their digits
     assert "A dash is a value that was not measured" in evaluation
     assert "max_new_tokens=128" in evaluation and "num_rock_ids: 0 before, 3 after" in evaluation
     assert "seconds: 12.5 before, null after" in evaluation
