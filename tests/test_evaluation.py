@@ -1,0 +1,287 @@
+"""hf_rockopd.evaluation: answer extraction, problem loading, the metrics on crafted completions, padding invariance,
+the `hf-rockopd eval` command and its errors. Tiny offline models only."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hf_rockopd import analysis
+from hf_rockopd.cli import main
+from hf_rockopd.evaluation import (
+    EvalResult,
+    encode_prompts,
+    evaluate_completions,
+    evaluate_gsm8k,
+    extract_numeric_answer,
+    format_results_table,
+    load_gsm8k_problems,
+    parse_gold_answer,
+    score_completions,
+)
+from hf_rockopd.losses import per_token_divergence
+from hf_rockopd.models import build_tiny_causal_lm
+
+
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Natalia sold 48/2 = 24 clips in May.\n#### 72", 72.0),
+        ("#### 1,072", 1072.0),
+        ("#### -3", -3.0),
+        ("So she has 5 left. ####   18", 18.0),
+        ("The answer is 42", 42.0),
+        ("The answer is 5.", 5.0),
+        ("The final answer is: **42**.", 42.0),
+        ("answer: 7 apples, then 9 pears", 7.0),
+        ("Answer = 0.25 of the cake. Later 3 more.", 0.25),
+        ("The answer is 18 - 2 = 16 dollars", 16.0),
+        ("The answer is below.\n3 + 4 = 7", 7.0),
+        ("So x = \\boxed{1,234} and 5 more", 1234.0),
+        ("$\\boxed{\\frac{3}{4}}$", 0.75),
+        ("\\boxed{-12} is it; the answer is 3", -12.0),
+        ("So she earned $1,200.", 1200.0),
+        ("It costs $1,234.50 in total.", 1234.5),
+        ("She runs 12 km.", 12.0),
+        ("The share is 45%.", 45.0),
+        ("Temperature fell to -5 degrees", -5.0),
+        ("It fell to \u22125 degrees", -5.0),
+        ("He lost -$5 on it", -5.0),
+        ("10-3=7", 7.0),
+        ("He had 5 apples. 5 - 2 = 3 left", 3.0),
+        ("The city has 1 000 000 people", 1_000_000.0),
+        ("In total 2\u202f500 kg", 2500.0),
+        ("That is 3.75 hours", 3.75),
+        ("Only .5 of them", 0.5),
+        ("The numbers 3,4,5", 5.0),
+        ("Total = 1,2345", 2345.0),
+        ("I do not know.", None),
+        ("", None),
+        ("#### no number here", None),
+        ("\\boxed{x}", None),
+        ("The answer is unclear - sorry.", None),
+    ],
+)
+def test_extract_numeric_answer(text, expected):
+    assert extract_numeric_answer(text) == expected
+
+
+def test_analysis_uses_the_same_extraction():
+    assert analysis.extract_numeric_answer is extract_numeric_answer
+    with pytest.raises(TypeError, match="string"):
+        extract_numeric_answer(None)
+
+
+def test_parse_gold_answer():
+    assert parse_gold_answer("She has 3 + 4 = <<3+4=7>>7 toys.\n#### 7") == 7.0
+    assert parse_gold_answer("#### 1,000") == 1000.0
+    with pytest.raises(ValueError, match="#### <number>"):
+        parse_gold_answer("The answer is 7")
+
+
+@pytest.mark.skipif(not GSM8K.is_file(), reason="shared GSM8K data not present")
+def test_every_gsm8k_gold_answer_parses_and_tail_is_held_out():
+    lines = [json.loads(line) for line in GSM8K.read_text(encoding="utf-8").splitlines() if line.strip()]
+    golds = [parse_gold_answer(row["answer"]) for row in lines]
+    assert len(golds) == len(lines) > 7000
+    tail = load_gsm8k_problems(GSM8K, limit=4, tail=True)
+    assert [gold for _, gold in tail] == golds[-4:]
+    assert tail[-1][0] == [{"role": "user", "content": lines[-1]["question"]}]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_load_problems_from_jsonl_and_dataset(tmp_path):
+    rows = [{"question": f"q{i}", "answer": f"work\n#### {i * 10}"} for i in range(5)]
+    path = _write_jsonl(tmp_path / "p.jsonl", rows)
+    assert [g for _, g in load_gsm8k_problems(path)] == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert [g for _, g in load_gsm8k_problems(path, limit=2)] == [0.0, 10.0]
+    assert [m[0]["content"] for m, _ in load_gsm8k_problems(path, limit=2, tail=True)] == ["q3", "q4"]
+    renamed = Dataset.from_list([{"problem": r["question"], "solution": r["answer"]} for r in rows])
+    problems = load_gsm8k_problems(renamed, question_field="problem", answer_field="solution", limit=1)
+    assert problems == [([{"role": "user", "content": "q0"}], 0.0)]
+
+
+def test_load_problems_bad_input(tmp_path):
+    with pytest.raises(ValueError, match=r"no column \['answer'\].*columns: \['question', 'solution'\]"):
+        load_gsm8k_problems(Dataset.from_list([{"question": "q", "solution": "#### 1"}]))
+    with pytest.raises(ValueError, match="holds no problem"):
+        load_gsm8k_problems(Dataset.from_dict({"question": [], "answer": []}))
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "7"}])
+    with pytest.raises(ValueError, match="row 1: No gold answer"):
+        load_gsm8k_problems(bad)
+    with pytest.raises(FileNotFoundError, match="No problem file"):
+        load_gsm8k_problems(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        load_gsm8k_problems(bad, limit=0)
+
+
+PROBLEMS = [
+    ([{"role": "user", "content": "What is 2 + 2?"}], 4.0),
+    ([{"role": "user", "content": "A much longer question: what is 3 + 4, in apples?"}], 7.0),
+    ([{"role": "user", "content": "What is 10 - 1?"}], 9.0),
+    ([{"role": "user", "content": "What is 1 + 1?"}], 2.0),
+]
+
+
+def _crafted(tokenizer):
+    """Completions with known correctness: right (####), right (answer is, with $ and commas), wrong, no number."""
+    texts = ["2 + 2 = 4\n#### 4<|im_end|>", "The answer is $7.<|im_end|>", "It is 8.<|im_end|>", "two"]
+    return encode_prompts(tokenizer, PROBLEMS), [tokenizer(t)["input_ids"] for t in texts]
+
+
+def _divergences_one_by_one(student, teacher, prompts, completions, beta=1.0):
+    """Reference: each sequence alone, unpadded, logits at len(prompt) - 1 ... predict the completion."""
+    values = []
+    for p, c in zip(prompts, completions):
+        ids = torch.tensor([p + c])
+        with torch.no_grad():
+            s = student(input_ids=ids).logits[0, len(p) - 1 : len(p) + len(c) - 1]
+            t = teacher(input_ids=ids).logits[0, len(p) - 1 : len(p) + len(c) - 1]
+        values.append(per_token_divergence(s, t, beta))
+    return torch.cat(values).double()
+
+
+def test_metrics_on_crafted_completions(tokenizer, student, teacher):
+    prompts, completions = _crafted(tokenizer)
+    assert tokenizer.eos_token_id in completions[0] and tokenizer.eos_token_id not in completions[3]
+    rocks = tokenizer(" =\n")["input_ids"]  # space, "=", newline
+    result = evaluate_completions(
+        student, tokenizer, PROBLEMS, prompts, completions, teacher=teacher, rock_ids=rocks, max_new_tokens=3,
+        batch_size=3,
+    )
+    assert result.accuracy == 0.5
+    assert [r["prediction"] for r in result.records] == [4.0, 7.0, 8.0, None]
+    # Only "two" has no eos and reaches max_new_tokens=3.
+    assert result.clipped_ratio == 0.25
+    lengths = [len(c) for c in completions]
+    assert result.num_tokens == sum(lengths) and result.mean_completion_length == sum(lengths) / 4
+
+    reference = _divergences_one_by_one(student, teacher, prompts, completions)
+    ids = torch.tensor([t for c in completions for t in c])
+    non_rock = ~torch.isin(ids, torch.tensor(rocks))
+    assert 0 < non_rock.sum() < len(ids)
+    assert result.mean_divergence == pytest.approx(float(reference.mean()), abs=1e-6)
+    assert result.mean_divergence_non_rock == pytest.approx(float(reference[non_rock].mean()), abs=1e-6)
+    assert result.mean_divergence_non_rock != pytest.approx(result.mean_divergence, abs=1e-6)
+    assert result.rock_token_share == pytest.approx(1 - float(non_rock.double().mean()))
+    assert 0.0 <= result.top1_agreement <= 1.0
+    assert result.settings["num_rock_ids"] == 3 and result.settings["beta"] == 1.0
+
+
+def test_teacher_identical_to_student_gives_zero_divergence_full_agreement(tokenizer, student):
+    prompts, completions = _crafted(tokenizer)
+    crafted = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, teacher=student)
+    assert crafted.mean_divergence == pytest.approx(0.0, abs=1e-6) and crafted.top1_agreement == 1.0
+    generated = evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher=student, max_new_tokens=6, show_progress=False)
+    assert generated.mean_divergence == pytest.approx(0.0, abs=1e-6) and generated.top1_agreement == 1.0
+    assert generated.num_tokens > 0 and generated.mean_divergence_non_rock is None
+
+
+def test_without_teacher_only_accuracy(tokenizer, student):
+    prompts, completions = _crafted(tokenizer)
+    result = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions)
+    assert result.accuracy == 0.5 and result.mean_divergence is None and result.top1_agreement is None
+
+
+def test_scores_do_not_depend_on_padding(tokenizer, student, teacher):
+    prompts, completions = _crafted(tokenizer)
+    alone = score_completions(student, teacher, prompts[:1], completions[:1], pad_token_id=tokenizer.pad_token_id)
+    # In a batch with a longer prompt (left padding) and a longer completion (right padding after the eos).
+    batched = score_completions(
+        student, teacher, prompts[:2] + prompts[2:3], completions[:1] + [completions[1] * 3] + completions[2:3],
+        pad_token_id=tokenizer.pad_token_id, batch_size=3,
+    )
+    assert len(prompts[1]) > len(prompts[0]) and len(completions[1] * 3) > len(completions[0])
+    torch.testing.assert_close(batched[0]["divergence"], alone[0]["divergence"], atol=1e-5, rtol=0)
+    assert torch.equal(batched[0]["agree"], alone[0]["agree"])
+
+
+def test_scoring_chunks_bound_rows_and_positions():
+    from hf_rockopd.evaluation import _SCORE_POSITIONS, _score_chunks
+
+    lengths = [10, 10, _SCORE_POSITIONS // 2, _SCORE_POSITIONS // 2, _SCORE_POSITIONS * 2, 3, 3, 3]
+    chunks = _score_chunks([[0] * n for n in lengths], batch_size=3)
+    assert chunks == [(0, 2), (2, 4), (4, 5), (5, 8)]
+    assert [(b - a) for a, b in _score_chunks([[0]] * 7, batch_size=3)] == [3, 3, 1]
+
+
+def test_generation_batching_does_not_change_the_result(tokenizer, student, teacher):
+    kwargs = dict(teacher=teacher, max_new_tokens=6, show_progress=False)
+    one = evaluate_gsm8k(student, tokenizer, PROBLEMS[:3], batch_size=1, **kwargs)
+    four = evaluate_gsm8k(student, tokenizer, PROBLEMS[:3], batch_size=3, **kwargs)
+    assert [r["completion"] for r in one.records] == [r["completion"] for r in four.records]
+    assert four.mean_divergence == pytest.approx(one.mean_divergence, abs=1e-5)
+    assert four.top1_agreement == one.top1_agreement and four.num_tokens == one.num_tokens
+
+
+def test_eval_result_round_trip_and_table(tmp_path, tokenizer, student, teacher):
+    prompts, completions = _crafted(tokenizer)
+    result = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, teacher=teacher, rock_ids=[32])
+    data = result.to_dict()
+    assert set(data) == {
+        "accuracy", "num_problems", "mean_divergence", "mean_divergence_non_rock", "rock_token_share",
+        "top1_agreement", "num_tokens", "mean_completion_length", "clipped_ratio", "settings",
+    }
+    assert EvalResult.from_dict(json.loads(json.dumps(data))) == result
+    saved = EvalResult.load(result.save(tmp_path / "e.json", include_records=True))
+    assert saved == result and len(saved.records) == 4
+    table = format_results_table({"before": result, "after": data})
+    assert "before" in table and "after" in table and f"{result.accuracy:.3f}" in table
+    with pytest.raises(ValueError, match=r"keys \['accuracy'\] are missing"):
+        EvalResult.from_dict({k: v for k, v in data.items() if k != "accuracy"})
+
+
+def test_bad_input_is_refused_before_generation(tmp_path, tokenizer, student, teacher):
+    with pytest.raises(ValueError, match="No problem to evaluate"):
+        evaluate_gsm8k(student, tokenizer, [], teacher=teacher)
+    with pytest.raises(ValueError, match=r"Problem 0 is .*\(messages, gold number\)"):
+        evaluate_gsm8k(student, tokenizer, ["What is 1 + 1?"])
+    other = tmp_path / "rock_set.json"
+    other.write_text(json.dumps({"token_ids": [13, 198], "vocab_size": 49152}))
+    with pytest.raises(ValueError, match="vocabulary of 49152 tokens.*259"):
+        evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher=teacher, rock_ids=other)
+    with pytest.raises(ValueError, match="out"):
+        evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher=teacher, rock_ids=[5, 1000])
+    wide = build_tiny_causal_lm(tokenizer, seed=2, vocab_size=300)
+    with pytest.raises(ValueError, match="vocabularies differ: student 259, teacher 300"):
+        evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher=wide)
+    with pytest.raises(ValueError, match="batch_size and max_new_tokens must be >= 1"):
+        evaluate_gsm8k(student, tokenizer, PROBLEMS, max_new_tokens=0)
+
+
+def test_cli_eval_writes_json_that_reads_back(tmp_path, tokenizer, student, teacher, capsys):
+    student.save_pretrained(tmp_path / "student")
+    tokenizer.save_pretrained(tmp_path / "student")
+    teacher.save_pretrained(tmp_path / "teacher")
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(6)]
+    problems = _write_jsonl(tmp_path / "p.jsonl", rows)
+    rock_set = tmp_path / "rock_set.json"
+    rock_set.write_text(json.dumps({"token_ids": [32, 61], "vocab_size": 259}))
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(tmp_path / "student"), "--teacher", str(tmp_path / "teacher"), "--problems",
+            str(problems), "--limit", "3", "--tail", "--rock-set", str(rock_set), "--max-new-tokens", "6",
+            "--batch-size", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "mean divergence (non-rock)" in printed and f"wrote {out}" in printed
+    result = EvalResult.load(out)
+    assert result.num_problems == 3 and result.settings["num_rock_ids"] == 2 and result.settings["max_new_tokens"] == 6
+    assert result.mean_divergence > 0 and result.mean_divergence_non_rock is not None
+    # The same evaluation in Python gives the same numbers.
+    direct = evaluate_gsm8k(student, tokenizer, load_gsm8k_problems(problems, limit=3, tail=True), teacher=teacher,
+                            rock_ids=rock_set, max_new_tokens=6, batch_size=2, show_progress=False)
+    assert result.mean_divergence == pytest.approx(direct.mean_divergence, abs=1e-6)
+    assert result.accuracy == direct.accuracy and result.num_tokens == direct.num_tokens
+
+    missing = _write_jsonl(tmp_path / "q.jsonl", [{"question": "q", "solution": "#### 1"}])
+    assert main(["eval", "--model", str(tmp_path / "student"), "--problems", str(missing)]) == 2
+    assert "no column ['answer']" in capsys.readouterr().err
