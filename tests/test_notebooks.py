@@ -136,7 +136,10 @@ def test_rock_token_analysis(tmp_path, monkeypatch):
     assert summary["trainer_step"] == steps and len(summary["losses"]) == steps
     assert all(math.isfinite(x) for x in summary["losses"])
     assert 0 <= summary["lab_trainer_jaccard"] <= 1
-    assert {"rock/frozen_fraction", "rock/set_size"} <= set(summary["rock_metric_columns"])
+    # Probed frozen positions keep the rocks measured once frozen.
+    assert {"rock/frozen_fraction", "rock/set_size", "rock/mean_divergence_rock", "rock/divergence_mass_share"} <= set(
+        summary["rock_metric_columns"]
+    )
     assert [row["group"] for row in summary["comparison"]] == ["rock", "rare_high_divergence", "random_matched"]
     assert summary["figures"] == ["frequency_vs_divergence.png", "rock_metrics.png", "stability.png"]
     for name in summary["figures"]:
