@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -308,10 +308,15 @@ class EvalResult:
     clipped_ratio: float
     settings: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
+    # Per completion token, in order: the generated id and its divergence; never serialized, kept so that
+    # `with_rock_ids` can fill in the rock figures later without scoring again.
+    token_ids: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    token_divergence: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self, include_records: bool = False) -> dict[str, Any]:
         """The JSON-ready dict (the run report's `eval.before` / `eval.after`); records only if asked for."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("token_ids", "token_divergence")}
+        data["settings"] = dict(self.settings)
         if not include_records or self.records is None:
             data.pop("records")
         return data
@@ -322,6 +327,7 @@ class EvalResult:
         if not isinstance(data, Mapping):
             raise ValueError(f"An evaluation result is a JSON object, got {type(data).__name__}.")
         names = [f.name for f in fields(cls)]
+        names = [n for n in names if n not in ("token_ids", "token_divergence")]
         required = [n for n in names if n not in ("settings", "records")]
         missing = [n for n in required if n not in data]
         if missing:
@@ -339,6 +345,35 @@ class EvalResult:
         """Read a file written by `save`."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
+
+    def with_rock_ids(self, rock_ids: Sequence[int]) -> EvalResult:
+        """A copy with `mean_divergence_non_rock` and `rock_token_share` for `rock_ids`, from the kept per-token scores.
+
+        Before training there is no rock set yet; this fills in the "before" figures once training has found one,
+        without generating or scoring again. Only a result made in this process (not one read from JSON) has the
+        per-token scores.
+
+        Example:
+        ```python
+        before = evaluate_gsm8k(student, tokenizer, problems, teacher=teacher)
+        trainer.train()
+        before = before.with_rock_ids(trainer.rock_policy.rock_ids())
+        ```
+        """
+        if self.token_ids is None:
+            raise ValueError(
+                "This result has no per-token scores (it was read from JSON); evaluate again with rock_ids= instead."
+            )
+        ids = torch.as_tensor(list(rock_ids), dtype=torch.long)
+        is_rock = torch.isin(self.token_ids, ids)
+        non_rock = self.token_divergence is not None and bool((~is_rock).any())
+        settings = {**self.settings, "num_rock_ids": len(ids)}
+        return replace(
+            self,
+            rock_token_share=float(is_rock.double().mean()) if len(self.token_ids) else None,
+            mean_divergence_non_rock=float(self.token_divergence[~is_rock].mean()) if non_rock else None,
+            settings=settings,
+        )
 
     def table(self) -> str:
         """A two-column text table of the metrics."""
@@ -462,7 +497,7 @@ def _completion_logits(
 
 
 # Student and teacher logits of a scoring forward are (rows, completion length, vocabulary) float32 each; with
-# SmolLM2's 49,152 ids, 2,048 positions are 0.4 GB per model, which keeps an evaluation under ~3 GB of memory.
+# SmolLM2's 49,152 ids, 2,048 positions are 0.4 GB per model (16 completions of 256 tokens would be 0.8 GB).
 _SCORE_POSITIONS = 2048
 
 
@@ -630,7 +665,7 @@ def evaluate_completions(
     token_ids = torch.tensor([int(t) for c in completion_ids for t in c], dtype=torch.long)
     is_rock = torch.isin(token_ids, torch.tensor(rocks, dtype=torch.long)) if rocks is not None else None
 
-    mean_div = mean_div_non_rock = agreement = None
+    mean_div = mean_div_non_rock = agreement = divergence = None
     if teacher is not None and num_tokens > 0:
         scores = score_completions(
             model, teacher, prompt_ids, completion_ids, pad_token_id=pad, batch_size=batch_size, beta=beta,
@@ -672,6 +707,8 @@ def evaluate_completions(
             "scoring_seconds": round(time.perf_counter() - started, 3),
         },
         records=records,
+        token_ids=token_ids,
+        token_divergence=divergence,
     )
     return result
 

@@ -285,3 +285,15 @@ def test_cli_eval_writes_json_that_reads_back(tmp_path, tokenizer, student, teac
     missing = _write_jsonl(tmp_path / "q.jsonl", [{"question": "q", "solution": "#### 1"}])
     assert main(["eval", "--model", str(tmp_path / "student"), "--problems", str(missing)]) == 2
     assert "no column ['answer']" in capsys.readouterr().err
+
+
+def test_with_rock_ids_fills_in_the_rock_figures_without_scoring_again(tokenizer, student, teacher):
+    prompts, completions = _crafted(tokenizer)
+    rocks = tokenizer(" =\n")["input_ids"]
+    with_rocks = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, teacher=teacher, rock_ids=rocks)
+    later = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, teacher=teacher).with_rock_ids(rocks)
+    assert later.mean_divergence_non_rock == pytest.approx(with_rocks.mean_divergence_non_rock, abs=1e-12)
+    assert later.rock_token_share == with_rocks.rock_token_share and later.settings["num_rock_ids"] == 3
+    assert later.mean_divergence == with_rocks.mean_divergence
+    with pytest.raises(ValueError, match="read from JSON"):
+        EvalResult.from_dict(later.to_dict()).with_rock_ids(rocks)
