@@ -1,0 +1,227 @@
+"""Training-step benchmark: `RockOPDTrainer` against TRL's `GKDTrainer` at identical settings, phase by phase.
+
+Both trainers get the same student and teacher (fresh copies), the same GSM8K prompts, seed, batch size,
+`max_new_tokens`, `beta` and `lmbda=1` (always on-policy), and run `--steps` optimizer steps in a fresh process each.
+Phases are timed from outside TRL, without editing it:
+
+- generation: a wrapper around the trainer's `generate_on_policy_outputs` (both trainers call it);
+- loss (forward of both models and the divergence): a wrapper around `compute_loss`;
+- backward: a wrapper around `accelerator.backward`;
+- optimizer: between the `on_pre_optimizer_step` and `on_optimizer_step` callbacks;
+- total step: between `on_step_begin` and `on_step_end`; peak memory: RSS high-water mark over the step minus the
+  RSS at its start (`benchmarks.memory`).
+
+The first step is a warm-up and is not reported; medians over the others are.
+
+Run: `python -m benchmarks.train_step --pair tiny` (or `--pair smollm2`, the real SmolLM2-135M-Instruct teacher and a
+pruned student).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+__all__ = ["PAIRS", "run_trainer"]
+
+GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
+PAIRS = ("tiny", "smollm2")
+
+
+def _prompts(n: int):
+    from datasets import Dataset
+
+    if not os.path.isfile(GSM8K):
+        raise FileNotFoundError(f"GSM8K training split not found at {os.path.abspath(GSM8K)}; the benchmark needs it.")
+    with open(GSM8K) as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f)]
+    return Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]}
+            for r in rows
+        ]
+    )
+
+
+def _models(pair: str):
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer, prune_decoder_layers
+
+    if pair == "tiny":
+        tokenizer = build_tiny_tokenizer()
+        teacher = build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1)
+        return teacher, prune_decoder_layers(teacher, keep=[0, 3]), tokenizer
+    if pair == "smollm2":
+        from hf_rockopd.models import load_gguf_causal_lm, smollm2_gguf_path
+
+        teacher, tokenizer = load_gguf_causal_lm(smollm2_gguf_path())
+        # The lab's student: the teacher without layer 20 (29 of 30 layers).
+        keep = [i for i in range(teacher.config.num_hidden_layers) if i != 20]
+        return teacher, prune_decoder_layers(teacher, keep=keep), tokenizer
+    raise ValueError(f"Unknown pair {pair!r}; choose from {PAIRS}.")
+
+
+class _PhaseTimer:
+    """Wraps the trainer's phases and collects per-step timings and peak memory."""
+
+    def __init__(self, trainer) -> None:
+        from transformers import TrainerCallback
+
+        from benchmarks.memory import peak_rss_since_reset, reset_peak_rss
+
+        self.steps: list[dict] = []
+        self._current: dict = {}
+        timer = self
+
+        def timed(name, fn):
+            def wrapper(*args, **kwargs):
+                start = time.perf_counter()
+                out = fn(*args, **kwargs)
+                timer._current[name] = timer._current.get(name, 0.0) + time.perf_counter() - start
+                if name == "generation_s":
+                    labels = out[2]
+                    timer._current["completion_tokens"] = timer._current.get("completion_tokens", 0) + int(
+                        (labels[:, 1:] != -100).sum()
+                    )
+                return out
+
+            return wrapper
+
+        trainer.generate_on_policy_outputs = timed("generation_s", trainer.generate_on_policy_outputs)
+        trainer.compute_loss = timed("loss_forward_s", trainer.compute_loss)
+        trainer.accelerator.backward = timed("backward_s", trainer.accelerator.backward)
+
+        class Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                timer._current = {"baseline_rss": reset_peak_rss(), "start": time.perf_counter()}
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                timer._current["opt_start"] = time.perf_counter()
+
+            def on_optimizer_step(self, args, state, control, **kwargs):
+                timer._current["optimizer_s"] = time.perf_counter() - timer._current.pop("opt_start")
+
+            def on_step_end(self, args, state, control, **kwargs):
+                cur = timer._current
+                cur["total_s"] = time.perf_counter() - cur.pop("start")
+                cur["peak_bytes"] = peak_rss_since_reset() - cur.pop("baseline_rss")
+                cur["loss_backward_s"] = cur.get("loss_forward_s", 0.0) + cur.get("backward_s", 0.0)
+                cur["completion_tokens_per_s"] = cur.get("completion_tokens", 0) / cur["total_s"]
+                timer.steps.append(cur)
+
+        trainer.add_callback(Callback())
+
+
+def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_tokens: int, seed: int) -> dict:
+    """Train `steps` steps with `trainer_name` (`"rockopd"` or `"gkd"`) in this process; per-step phase timings."""
+    import transformers
+
+    teacher, student, tokenizer = _models(pair)
+    common = dict(
+        output_dir=os.path.join("outputs", "bench_train_step", f"{pair}_{trainer_name}"),
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        max_new_tokens=max_new_tokens,
+        learning_rate=1e-5,
+        beta=1.0,
+        lmbda=1.0,
+        temperature=1.0,
+        seed=seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+    )
+    transformers.set_seed(seed)
+    data = _prompts(batch * steps)
+    if trainer_name == "rockopd":
+        from hf_rockopd import RockOPDConfig, RockOPDTrainer
+
+        trainer = RockOPDTrainer(
+            model=student, teacher_model=teacher, args=RockOPDConfig(**common, rock_policy="uniform"),
+            train_dataset=data, processing_class=tokenizer,
+        )
+    elif trainer_name == "gkd":
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        from hf_rockopd.data import OnPolicyChatMLCollator
+
+        # The same prompt tokenization as ours (GKDTrainer's default collator needs a chat template the tiny
+        # tokenizer lacks); the prompts and the generation are then identical.
+        gkd_args = GKDConfig(**common)
+        collator = OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=gkd_args.max_length)
+        trainer = GKDTrainer(
+            model=student, teacher_model=teacher, args=gkd_args,
+            train_dataset=data, processing_class=tokenizer, data_collator=collator,
+        )
+    else:
+        raise ValueError(f"trainer_name must be 'rockopd' or 'gkd', got {trainer_name!r}.")
+    timer = _PhaseTimer(trainer)
+    trainer.train()
+    return {"steps": timer.steps}
+
+
+def _summarize(steps: list[dict]) -> dict:
+    measured = steps[1:] if len(steps) > 1 else steps
+    keys = ("generation_s", "loss_forward_s", "backward_s", "loss_backward_s", "optimizer_s", "total_s",
+            "peak_bytes", "completion_tokens", "completion_tokens_per_s")  # fmt: skip
+    return {k: statistics.median(s.get(k, 0.0) for s in measured) for k in keys}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", choices=PAIRS, default="tiny")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per trainer (the first is a warm-up)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON file (default benchmarks/results/train_step_<pair>.json)")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error(f"--steps must be >= 2 (the first step is a warm-up), got {args.steps}.")
+    if args.worker:
+        out = run_trainer(args.worker, args.pair, args.steps, args.batch, args.max_new_tokens, args.seed)
+        print(json.dumps(out))
+        return 0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = {}
+    for name in ("gkd", "rockopd"):
+        cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", name, "--pair", args.pair,
+               "--steps", str(args.steps), "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
+               "--seed", str(args.seed)]  # fmt: skip
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{name} run failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+        steps = json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
+        results[name] = {"steps": steps, "median": _summarize(steps)}
+        print(name, json.dumps(results[name]["median"]), flush=True)
+    ours, gkd = results["rockopd"]["median"], results["gkd"]["median"]
+    results["ratios"] = {k: ours[k] / gkd[k] for k in ours if gkd[k]}
+    results["meta"] = {
+        "pair": args.pair, "steps": args.steps, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python", "-m", "benchmarks.train_step", *(argv if argv is not None else sys.argv[1:])]),
+    }  # fmt: skip
+    out = args.out or os.path.join(root, "benchmarks", "results", f"train_step_{args.pair}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print("ours / gkd:", json.dumps(results["ratios"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
