@@ -281,42 +281,19 @@ def _lora_config(script: DistillArguments):
 
 
 # -------------------------------------------------------------------------------------------------- evaluation ----
-@dataclass
-class _Evaluation:
-    """An evaluation plus the per-token ids and divergences behind it, so rock-dependent figures can be filled in
-    once the rock set is known (before training there is none)."""
+def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
+    from .evaluation import evaluate_gsm8k
 
-    result: Any
-    token_ids: torch.Tensor
-    divergence: torch.Tensor
-
-    def with_rock_set(self, rock_ids: Sequence[int]) -> dict[str, Any]:
-        data = self.result.to_dict()
-        data["settings"]["num_rock_ids"] = len(rock_ids)
-        if len(self.token_ids) and len(rock_ids):
-            is_rock = torch.isin(self.token_ids, torch.tensor(list(rock_ids), dtype=torch.long))
-            data["rock_token_share"] = float(is_rock.double().mean())
-            data["mean_divergence_non_rock"] = float(self.divergence[~is_rock].mean()) if (~is_rock).any() else None
-        return data
-
-
-def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig) -> _Evaluation:
-    from .evaluation import evaluate_completions, generate_completions, score_completions
-
-    settings = dict(batch_size=script.eval_batch_size, beta=args.beta, temperature=args.loss_temperature)
-    started = time.perf_counter()
-    prompts, completions = generate_completions(
-        model, tokenizer, problems, max_new_tokens=script.eval_max_new_tokens, batch_size=script.eval_batch_size
+    return evaluate_gsm8k(
+        model,
+        tokenizer,
+        problems,
+        teacher=teacher,
+        max_new_tokens=script.eval_max_new_tokens,
+        batch_size=script.eval_batch_size,
+        beta=args.beta,
+        temperature=args.loss_temperature,
     )
-    result = evaluate_completions(
-        model, tokenizer, problems, prompts, completions, teacher=teacher, max_new_tokens=script.eval_max_new_tokens,
-        show_progress=True, **settings,
-    )
-    scores = score_completions(model, teacher, prompts, completions, pad_token_id=tokenizer.pad_token_id, **settings)
-    result.settings["wall_seconds"] = round(time.perf_counter() - started, 1)
-    token_ids = torch.tensor([t for c in completions for t in c], dtype=torch.long)
-    divergence = torch.cat([s["divergence"] for s in scores]).double() if scores else torch.zeros(0)
-    return _Evaluation(result, token_ids, divergence)
 
 
 # ------------------------------------------------------------------------------------------------------- main ----
@@ -395,8 +372,9 @@ def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str
             "lora": _lora_settings(script),
         },
         "eval": {
-            "before": before.with_rock_set(rock_ids) if before else None,
-            "after": after.with_rock_set(rock_ids) if after else None,
+            # Both columns use the rock set found in training (there is none before it).
+            "before": before.with_rock_ids(rock_ids).to_dict() if before else None,
+            "after": after.with_rock_ids(rock_ids).to_dict() if after else None,
         },
         "log_history": trainer.state.log_history,
         "command": command or "run_distillation(...)",
