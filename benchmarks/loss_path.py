@@ -384,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per implementation (after a warm-up)")
     parser.add_argument("--budget-gib", type=float, default=6.0, help="memory cap per case and implementation")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases of the grid")
+    parser.add_argument(
+        "--case",
+        action="append",
+        default=None,
+        metavar="H,V,B,L,BETA,FROZEN[,memory]",
+        help="run these cases instead of the grid (repeatable); a trailing ',memory' measures memory only",
+    )
     args = parser.parse_args(argv)
     if args.worker:
         mode, payload = args.worker[0], json.loads(args.worker[1])
@@ -396,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeats < 5:
         print(f"note: --repeats {args.repeats} is below the 5 the benchmark is specified with", file=sys.stderr)
-    cases = grid(args.full)[: args.limit]
+    cases = grid(args.full)[: args.limit] if not args.case else [_parse_case(spec) for spec in args.case]
     calibration = _Calibration()
     records = []
     failures = []
@@ -414,6 +421,16 @@ def main(argv: list[str] | None = None) -> int:
         print("AGREEMENT FAILED:\n" + "\n".join(failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _parse_case(spec: str) -> tuple[LossCase, bool]:
+    parts = spec.split(",")
+    timed = parts[-1] != "memory"
+    nums = parts if timed else parts[:-1]
+    if len(nums) != 6:
+        raise SystemExit(f"--case wants H,V,B,L,BETA,FROZEN[,memory], got {spec!r}.")
+    h, v, b, length = (int(x) for x in nums[:4])
+    return LossCase(h, v, b, length, float(nums[4]), float(nums[5])), timed
 
 
 def _summary(record: dict) -> str:
