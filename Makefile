@@ -1,4 +1,5 @@
-# Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job.
+# Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job, `make distill`
+# the main job itself (the embedded SmolLM2 default).
 # Each creates .venv and installs what it needs. On the CPU development machines `torch==2.13.0` is a CPU wheel already
 # on disk; on a GPU machine install your CUDA build of torch first (TORCH="torch==2.x" or TORCH="").
 PYTHON ?= python3
@@ -7,7 +8,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_rockopd-installed
 
-.PHONY: test demo install clean
+.PHONY: test demo distill install clean
 
 install: $(STAMP)
 
@@ -26,6 +27,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/tiny_smoke.py --output-dir outputs/tiny_smoke
+
+# The embedded default: SmolLM2-135M-Instruct -> 24-layer copy on GSM8K, offline (see README, "The main job").
+distill: $(STAMP)
+	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_smollm2.yaml
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

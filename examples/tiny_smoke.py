@@ -1,8 +1,8 @@
 """Smoke run of rock-token OPD on tiny random models, offline, in well under a minute on 2 CPU cores.
 
 It exercises the whole path (on-policy generation, online rock detection, freezing, checkpointing, rock_tokens.json)
-on a tiny Llama pair. The numbers mean nothing about distillation quality; `hf-rockopd distill` (a later release)
-runs the real SmolLM2 default.
+on a tiny Llama pair. The numbers mean nothing about distillation quality; `hf-rockopd distill` runs the real
+SmolLM2 default.
 
     python examples/tiny_smoke.py [--output-dir outputs/tiny_smoke] [--steps 6]
 """

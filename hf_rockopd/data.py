@@ -56,7 +56,13 @@ class OnPolicyChatMLCollator(DataCollatorForChatML):
                 "Give chat messages (the last one is the reference answer) or a prompt."
             )
         if prompt is None:
-            prompt = messages[:-1]
+            if not messages:
+                raise ValueError("An example has an empty `messages` list; give at least the user's question.")
+            if messages[-1].get("role") != "assistant":
+                # Only the question (on-policy data needs no reference answer): all of it is the prompt.
+                prompt, messages = messages, None
+            else:
+                prompt = messages[:-1]
         if not isinstance(prompt, str):
             prompt = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

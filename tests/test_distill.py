@@ -263,3 +263,32 @@ def test_two_steps_on_the_real_smollm2_pair(tmp_path):
         assert report["eval"][phase]["num_problems"] == 2 and report["eval"][phase]["mean_divergence"] > 0
     assert (tmp_path / "real" / "model.safetensors").is_file() and (tmp_path / "real" / "README.md").is_file()
     print(f"real-pair distill, 2 steps: {time.perf_counter() - started:.0f} s")
+
+
+def test_example_config_is_the_embedded_default():
+    """examples/configs/distill_smollm2.yaml spells out the built-in defaults (plus the dataset path)."""
+    config = os.path.join(os.path.dirname(__file__), "..", "examples", "configs", "distill_smollm2.yaml")
+    script, args = parse_arguments(["--config", config])
+    default_script, default_args = parse_arguments(["--dataset", "../shared/data/gsm8k/train.jsonl"])
+    assert args.to_dict() == default_args.to_dict()
+    assert script.student_num_layers == 24 and default_script.student_num_layers is None  # None means 24 for a copy
+    script.student_num_layers = None
+    assert script == default_script
+
+
+def test_example_script_runs(tiny_run, monkeypatch, capsys):
+    import runpy
+
+    tmp_path, script, _ = tiny_run
+    s = script()
+    monkeypatch.setattr("sys.argv", [
+        "distill_gsm8k.py", "--teacher", s.teacher, "--student_num_layers", "2", "--dataset", s.dataset,
+        "--num_train_prompts", "4", "--num_eval_problems", "2", "--eval_max_new_tokens", "4", "--max_steps", "1",
+        "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--output_dir", str(tmp_path / "example"),
+    ])
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "distill_gsm8k.py")
+    with pytest.raises(SystemExit) as exit_code:
+        runpy.run_path(path, run_name="__main__")
+    assert exit_code.value.code == 0
+    assert "held-out divergence" in capsys.readouterr().out
+    assert (tmp_path / "example" / "run_report.json").is_file()

@@ -186,3 +186,16 @@ def test_bad_rock_set_files_fail_at_trainer_creation_naming_the_file(
     with pytest.raises(ValueError, match="bad_rocks.json") as err:
         make_trainer(student, teacher, args, tokenizer)
     assert err.match(message)
+
+
+def test_messages_without_an_answer_are_all_prompt(tokenizer):
+    """A dataset of questions only (no assistant turn) is valid on-policy data: the whole conversation is the prompt."""
+    from hf_rockopd.data import OnPolicyChatMLCollator
+
+    collator = OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=128)
+    question = [{"role": "user", "content": "What is 2 + 3?"}]
+    prompt_ids, completion_ids = collator.split({"messages": question})
+    expected = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    assert prompt_ids == tokenizer(expected, add_special_tokens=False)["input_ids"] and completion_ids == []
+    with pytest.raises(ValueError, match="empty `messages` list"):
+        collator.split({"messages": []})
