@@ -94,14 +94,14 @@ class DistillArguments:
             Hub configuration name (ignored for local files).
         num_train_prompts (`int`, *optional*, defaults to `256`):
             Training prompts drawn from the non-held-out rows.
-        num_eval_problems (`int`, *optional*, defaults to `32`):
+        num_eval_problems (`int`, *optional*, defaults to `16`):
             Held-out problems, never trained on, used for evaluation before and after training.
 
         > Evaluation
 
-        eval_max_new_tokens (`int`, *optional*, defaults to `256`):
+        eval_max_new_tokens (`int`, *optional*, defaults to `192`):
             Greedy new tokens per held-out problem.
-        eval_batch_size (`int`, *optional*, defaults to `8`):
+        eval_batch_size (`int`, *optional*, defaults to `16`):
             Problems generated at once.
         skip_eval (`bool`, *optional*, defaults to `False`):
             Train and save without the before/after evaluation.
@@ -133,9 +133,9 @@ class DistillArguments:
     )
     dataset_config: str = field(default="main", metadata={"help": "Hub configuration of the dataset."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
-    num_eval_problems: int = field(default=32, metadata={"help": "Held-out evaluation problems."})
-    eval_max_new_tokens: int = field(default=256, metadata={"help": "Greedy new tokens per evaluation problem."})
-    eval_batch_size: int = field(default=8, metadata={"help": "Evaluation problems generated at once."})
+    num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
+    eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
 
     def __post_init__(self):
