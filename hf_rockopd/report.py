@@ -327,7 +327,7 @@ def _figure_early_late(early: TokenTable, late: TokenTable, groups: dict[str, li
 
 
 def _figure_knockout(frame: pd.DataFrame, path: str) -> None:
-    fig, ax = _new_figure(5.0, 0.6 + 0.28 * len(frame))
+    fig, ax = _new_figure(5.0, max(2.0, 0.9 + 0.28 * len(frame)))
     y = np.arange(len(frame))[::-1]
     colors = frame["verdict"].map({"Pillar": "tab:red", "Stumbling": "tab:blue"}).fillna("0.3")
     ax.errorbar(frame["delta"], y, xerr=[frame["delta"] - frame["ci_low"], frame["ci_high"] - frame["delta"]],

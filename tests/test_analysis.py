@@ -268,7 +268,8 @@ def test_collect_score_end_to_end_through_the_cli(tmp_path, tokenizer, student, 
             "--prompts", str(prompts), "--out", str(table_dir), "--max-new-tokens", "8", "--batch-size", "4"]
     assert main(args) == 0
     table = load_token_table(table_dir)
-    assert sorted(p.name for p in table_dir.glob("*.parquet")) == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in table_dir.glob("*.parquet")) == [
+        "grad_cosine.parquet", "part-00000.parquet", "part-00001.parquet"]
     assert table.vocab_size == 259 and set(table.frame["prompt_index"]) == set(range(6))
     assert (table.frame["divergence"] >= 0).all() and (table.frame["student_entropy"] > 0).all()
 
@@ -389,3 +390,49 @@ def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch,
     assert frame["verdict"].tolist() == ["Pillar", "Neutral"]
     assert frame.loc[0, "delta"] == pytest.approx(-0.4) and frame.attrs["baseline_accuracy"] == 1.0
     np.testing.assert_allclose(frame["q_value"], benjamini_hochberg(frame["p_value"]))
+
+
+def test_gradient_cosines_are_exact_against_per_sequence_autograd(tmp_path, tokenizer, student, teacher):
+    from hf_rockopd.analysis import GRAD_COSINE_FILE, gradient_cosines
+    from hf_rockopd.losses import per_token_divergence
+
+    prompts = [f"What is {i} + {i}?" for i in range(5)] + ["Hi"]
+    table_dir = tmp_path / "table"
+    collect_token_table(student, teacher, tokenizer, prompts, table_dir, max_new_tokens=10, batch_size=4,
+                        show_progress=False)
+    table = load_token_table(table_dir)
+    # Reference: each token's logit gradient from its own unpadded sequence, by autograd, in float64 sums.
+    grads = []
+    for row in table.frame.itertuples():
+        messages = [{"role": "user", "content": prompts[row.prompt_index]}]
+        prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        completion = table.frame[table.frame.prompt_index == row.prompt_index].sort_values("position")["token_id"]
+        ids = torch.tensor([list(prompt_ids) + completion.tolist()[: row.position]])
+        with torch.no_grad():
+            s, t = student(ids).logits[0, -1:], teacher(ids).logits[0, -1:]
+        s.requires_grad_(True)
+        per_token_divergence(s, t, beta=1.0).sum().backward()
+        grads.append(s.grad[0].double())
+    ids = table.frame["token_id"].to_numpy()
+    g_balanced = sum(torch.stack([grads[i] for i in np.flatnonzero(ids == v)]).mean(0) for v in np.unique(ids))
+    expected = torch.stack([torch.nn.functional.cosine_similarity(g, g_balanced, dim=0) for g in grads]).numpy()
+    np.testing.assert_allclose(table.frame["grad_cosine"].to_numpy(), expected, atol=1e-5)
+    assert table.meta["g_balanced_norm"] == pytest.approx(float(g_balanced.norm()), rel=1e-5)
+    frame = gradient_geometry(table, score_token_table(table, top_k=3, exclude_top_frequent=1).rock_ids)
+    assert list(frame.columns) == ["group", "occurrences", "median_grad_norm", "p_value_vs_rock", "median_cosine",
+                                   "p_value_cosine_vs_rock"]
+    rock = np.isin(ids, score_token_table(table, top_k=3, exclude_top_frequent=1).rock_ids)
+    assert frame.loc[0, "median_cosine"] == pytest.approx(float(np.median(expected[rock])), abs=1e-5)
+
+    # A new part makes G_balanced (a corpus-wide sum) stale: the cosines are dropped and recomputed.
+    (table_dir / "part-00001.parquet").unlink()
+    collect_token_table(student, teacher, tokenizer, prompts, table_dir, max_new_tokens=10, batch_size=4,
+                        show_progress=False, gradient_cosine=False)
+    assert not (table_dir / GRAD_COSINE_FILE).exists() and "grad_cosine" not in load_token_table(table_dir).frame
+    gradient_cosines(student, teacher, tokenizer, prompts, table_dir, show_progress=False)
+    np.testing.assert_allclose(load_token_table(table_dir).frame["grad_cosine"].to_numpy(), expected, atol=1e-5)
+    # Other models than those the table was collected with give other divergences: refused.
+    with pytest.raises(ValueError, match="collected with other models or prompts"):
+        gradient_cosines(teacher, student, tokenizer, prompts, table_dir, show_progress=False)
+    with pytest.raises(ValueError, match="collected from 6 prompts, got 2"):
+        gradient_cosines(student, teacher, tokenizer, prompts[:2], table_dir, show_progress=False)

