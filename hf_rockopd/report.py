@@ -614,9 +614,20 @@ def build_report(
     with open(html_path, "w", encoding="utf-8") as f:
         f.write(_render_html(blocks, title))
     with open(json_path, "w", encoding="utf-8") as f:
-        json.dump(headline, f, indent=2, ensure_ascii=False, default=_json_default)
+        json.dump(_finite_or_none(headline), f, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default)
     logger.info("wrote %s, %s and %d figures", markdown_path, html_path, len(figures))
     return ReportResult(markdown_path, html_path, json_path, figures, headline)
+
+
+def _finite_or_none(value: Any) -> Any:
+    """NaN (a test not run, e.g. a group against itself) becomes `null`, so `report.json` is strict JSON."""
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        return None
+    return value
 
 
 def _json_default(value: Any) -> Any:

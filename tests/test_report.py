@@ -101,7 +101,10 @@ def test_report_from_crafted_tables_states_the_scored_numbers(tmp_path):
         assert f"| {measure} | {value} |" in markdown
         assert f"<td>{measure}</td><td>{value}</td>" in html
     assert "`␣So` `\\n` `␣8` `␣=` `␣apples`" in markdown  # the top rocks, in rank order
-    headline = json.loads(Path(report.json_path).read_text(encoding="utf-8"))
+    def refuse(constant):
+        raise AssertionError(f"report.json holds {constant}, which strict JSON parsers reject")
+
+    headline = json.loads(Path(report.json_path).read_text(encoding="utf-8"), parse_constant=refuse)
     assert headline["rock_token_share"] == result.rock_token_share
     assert headline["divergence_coverage"] == result.divergence_coverage
     assert headline["k"] == 5 and headline["top_rocks"] == [" So", "\n", " 8", " =", " apples"]
