@@ -1,9 +1,9 @@
 """Scaling of the loss path: fitted growth of peak memory with B·L·V, and a plot, from `loss_path.json`.
 
-For each implementation the peak memory of the `beta = 1`, uniform-weight cases is fitted as `memory = a · (B·L·V)^k`
+For each implementation the peak memory of the uniform-weight cases with `beta` 0 or 1 (the same operations) is fitted as `memory = a · (B·L·V)^k`
 (least squares in log-log, `scipy.stats.linregress`): `k ≈ 1` is linear in the logits size, `k ≈ 0` flat.
 
-Run: `python -m benchmarks.scaling benchmarks/results/loss_path.json --plot benchmarks/results/scaling.png`
+Run: `python -m benchmarks.scaling benchmarks/results/loss_path*.json --plot benchmarks/results/scaling.png`
 """
 
 from __future__ import annotations
