@@ -42,7 +42,11 @@ def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
     # float32 internally: bf16 log-softmax over 150k entries loses the small probabilities the KL is made of.
-    return F.log_softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float()
+    if temperature != 1.0:
+        # Skipped at 1: a full (rows, V) pass in the forward and again in the backward, for an exact no-op.
+        logits = logits / temperature
+    return F.log_softmax(logits, dim=-1)
 
 
 def _kl_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
