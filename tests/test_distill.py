@@ -126,6 +126,23 @@ def test_lora_run_saves_an_adapter(tiny_run):
     assert ModelCard.load(run / "README.md").data.library_name == "peft"
 
 
+def test_4bit_student_trains_lora_adapters(tiny_run):
+    """--student_4bit: the pruned student is quantized to nf4 through bitsandbytes and trained with LoRA (QLoRA)."""
+    pytest.importorskip("bitsandbytes")
+    tmp_path, script, args = tiny_run
+    result = run_distillation(script(student_4bit=True, lora_r=4, lora_alpha=8, skip_eval=True, num_eval_problems=0),
+                              args())
+    run = tmp_path / "run"
+    assert result.report["student"]["load_in_4bit"] is True and result.report["student"]["adapter"] is True
+    assert result.report["training"]["lora"]["load_in_4bit"] is True
+    assert (run / "adapter_model.safetensors").is_file() and not (run / "model.safetensors").exists()
+    from safetensors.torch import load_file
+
+    adapter = load_file(run / "adapter_model.safetensors")
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapter.items())  # the adapters moved from zero
+    assert all(torch.isfinite(torch.tensor(log["loss"])) for log in result.report["log_history"] if "loss" in log)
+
+
 def test_yaml_config_and_flags(tmp_path):
     config = tmp_path / "distill.yaml"
     config.write_text(yaml.safe_dump({"max_steps": 7, "use_lora": True, "num_eval_problems": 5,
