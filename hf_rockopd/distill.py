@@ -12,7 +12,6 @@ file.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import sys
@@ -236,16 +235,17 @@ def _load_models(script: DistillArguments, work_dir: str) -> tuple[ResolvedModel
         keep = list(script.student_layers)
     else:
         keep = middle_block_layers(total, script.student_num_layers or default_layers)
-    model = prune_decoder_layers(base, keep) if keep != list(range(total)) else base
-    if script.student is None and model is base:
+    pruned = keep != list(range(total))
+    if script.student is None and not pruned:
         raise ValueError(
             "The student would be an unpruned copy of the teacher (nothing to distill). Set student_num_layers below "
             f"{total} or pass --student."
         )
+    model = prune_decoder_layers(base, keep) if pruned else base
     info = {
-        "name": f"{base_name.split('/')[-1]}-{len(keep)}L" if keep != list(range(total)) else base_name,
+        "name": f"{base_name.split('/')[-1]}-{len(keep)}L" if pruned else base_name,
         "base_model": base_name,
-        "kept_layers": keep if keep != list(range(total)) else None,
+        "kept_layers": keep if pruned else None,
         "num_layers": len(keep),
         "adapter": script.use_lora,
         "load_in_4bit": script.student_4bit,
@@ -405,11 +405,8 @@ def _lora_settings(script: DistillArguments) -> dict[str, Any] | None:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return str(value)
+    # log_history and policy kwargs may hold tensors or other objects json cannot write; keep them readable.
+    return value.tolist() if isinstance(value, torch.Tensor) else str(value)
 
 
 # Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
