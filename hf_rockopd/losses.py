@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 __all__ = [
     "ChunkedDivergence",
     "chunked_divergence",
+    "chunked_weighted_loss",
     "logit_grad_norm",
     "per_token_divergence",
     "per_token_entropy",
@@ -204,6 +204,260 @@ class ChunkedDivergence:
     logit_grad_norm: torch.Tensor
 
 
+def _dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`Σ_k a[i, k] · b[i, k]` per row as a batched matrix product: no `(n, V)` temporary, one pass over each."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
+@dataclass
+class _ChunkTerms:
+    divergence: torch.Tensor
+    student_entropy: torch.Tensor
+    teacher_entropy: torch.Tensor
+    logit_grad_norm: torch.Tensor
+    grad: torch.Tensor  # d divergence[i] / d student_logits[i], float32 (n, V)
+
+
+def _chunk_terms(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
+) -> _ChunkTerms:
+    """Divergence, both entropies and the closed-form gradient of one chunk of logits, with as few `(n, V)` passes
+    and buffers as the formulas allow (log-softmaxes are overwritten in place once their entropy is taken).
+
+    The closed forms are those of [`logit_grad_norm`]. They hold wherever both log-softmaxes are finite; a chunk with
+    `-inf` logits (banned tokens) gives a non-finite value somewhere and is redone by the masked autograd reference,
+    so edge cases cost time only where they occur.
+    """
+    z_s, z_t = student_logits.float(), teacher_logits.float()
+    if temperature != 1.0:
+        z_s, z_t = z_s / temperature, z_t / temperature
+    ls, lt = torch.log_softmax(z_s, dim=-1), torch.log_softmax(z_t, dim=-1)
+    del z_s, z_t
+    s, t = ls.exp(), lt.exp()
+    s_ent, t_ent = -_dot_rows(s, ls), -_dot_rows(t, lt)
+    if beta == 0.0:
+        # KL(t ‖ s); d/dz = s − t.
+        div = _dot_rows(t, lt.sub_(ls))
+        grad = s.sub_(t)
+    elif beta == 1.0:
+        # KL(s ‖ t); d/dz_j = s_j (a_j − Σ_k s_k a_k) with a = log s − log t, and Σ_k s_k a_k is the divergence itself.
+        a = ls.sub_(lt)
+        div = _dot_rows(s, a)
+        grad = a.sub_(div.unsqueeze(1)).mul_(s)
+    else:
+        # The mixture is computed once: logaddexp is one elementwise pass (no stacked (2, n, V) logsumexp).
+        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+        a = ls.sub_(lm)
+        s_a = _dot_rows(s, a)
+        div = beta * _dot_rows(t, lt.sub_(lm)) + (1.0 - beta) * s_a
+        del lm
+        grad = a.sub_(s_a.unsqueeze(1)).mul_(s).mul_(1.0 - beta)
+    if temperature != 1.0:
+        grad.div_(temperature)
+    g_norm = torch.linalg.vector_norm(grad, dim=-1)
+    if not bool(torch.isfinite(torch.stack([div, s_ent, t_ent, g_norm])).all()):
+        return _chunk_terms_masked(student_logits, teacher_logits, beta, temperature)
+    return _ChunkTerms(div, s_ent, t_ent, g_norm, grad)
+
+
+def _chunk_terms_masked(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
+) -> _ChunkTerms:
+    """[`_chunk_terms`] through the masked reference formulas and autograd: exact 0 (with a finite gradient) for
+    entries that are impossible under both distributions, `inf` where only one of them rules a token out."""
+    with torch.enable_grad():
+        z = student_logits.detach().float().requires_grad_(True)
+        ls = _log_probs(z, temperature)
+        lt = _log_probs(teacher_logits.detach(), temperature)
+        div = _divergence_from_log_probs(ls, lt, beta)
+        (grad,) = torch.autograd.grad(div.sum(), z)
+    ls = ls.detach()
+
+    def entropy(lp: torch.Tensor) -> torch.Tensor:
+        return -(lp.exp() * lp.masked_fill(torch.isneginf(lp), 0.0)).sum(-1)
+
+    return _ChunkTerms(div.detach(), entropy(ls), entropy(lt), torch.linalg.vector_norm(grad, dim=-1), grad)
+
+
+def _trainable_leaves(head: Callable[[torch.Tensor], torch.Tensor], probe: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors requiring grad that `head` reads (its weight, LoRA factors, a tied embedding, ...), found from the
+    autograd graph of one row, so closures and wrapped or quantized modules need no declaration."""
+    # The graph is only walked, never back-propagated: save nothing for it.
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda _: None, lambda _: None):
+        out = head(probe.detach())
+    leaves: dict[int, torch.Tensor] = {}
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            leaves[id(variable)] = variable
+        stack.extend(fn for fn, _ in node.next_functions)
+    return list(leaves.values())
+
+
+@dataclass(frozen=True)
+class _Heads:
+    student: Callable[[torch.Tensor], torch.Tensor]
+    teacher: Callable[[torch.Tensor], torch.Tensor]
+    beta: float
+    temperature: float
+    chunk_size: int
+
+
+def _project_chunk(heads: _Heads, h_s: torch.Tensor, h_t: torch.Tensor, track: bool):
+    """Logits of one chunk; the student's keep their graph back to `h_s` and the head when `track`."""
+    if track:
+        with torch.enable_grad():
+            z_s = heads.student(h_s)
+    else:
+        z_s = heads.student(h_s)
+    with torch.no_grad():
+        z_t = heads.teacher(h_t)
+    return z_s, _chunk_terms(z_s.detach(), z_t, heads.beta, heads.temperature)
+
+
+def _accumulate(total: list, grads, offset: int) -> None:
+    for i, g in enumerate(grads[offset:]):
+        if g is None:
+            continue
+        # float32 sums over chunks, as one matrix product over all rows would accumulate.
+        total[i] = g.float() if total[i] is None else total[i].add_(g)
+
+
+class _WeightedDivergenceLoss(torch.autograd.Function):
+    """`Σ_i scale_i · divergence_i` with every gradient computed in the forward pass, chunk by chunk.
+
+    The weights are known before the projection, so the `(n, V)` gradient of a chunk is formed while its logits are
+    still in memory and immediately pushed through the head (`d hidden`, `d head weight`). The backward pass only
+    scales what the forward stored: 4 matrix products per chunk (2 projections, 2 for the head's backward), where an
+    activation checkpoint needs 6, and no `(N, V)` tensor is ever kept. This is the fused linear-cross-entropy
+    technique of Liger-Kernel (https://github.com/linkedin/Liger-Kernel), applied to the generalized JSD.
+    """
+
+    @staticmethod
+    def forward(ctx, student_hidden, teacher_hidden, row_scale, heads: _Heads, want_hidden: bool, *params):
+        track = want_hidden or bool(params)
+        grad_h = torch.zeros_like(student_hidden) if want_hidden else None
+        grad_p: list[torch.Tensor | None] = [None] * len(params)
+        loss = torch.zeros((), dtype=torch.float32, device=student_hidden.device)
+        parts = []
+        for start in range(0, student_hidden.shape[0], heads.chunk_size):
+            rows = slice(start, start + heads.chunk_size)
+            h = student_hidden[rows].detach().requires_grad_(want_hidden)
+            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], track)
+            scale = row_scale[rows]
+            loss += torch.dot(terms.divergence, scale)
+            if track:
+                g = terms.grad.mul_(scale.unsqueeze(1)).to(z_s.dtype)
+                inputs = ([h] if want_hidden else []) + list(params)
+                grads = torch.autograd.grad(z_s, inputs, g, allow_unused=True)
+                if want_hidden:
+                    grad_h[rows] = grads[0]
+                _accumulate(grad_p, grads, int(want_hidden))
+            del z_s, terms.grad
+            parts.append(terms)
+        ctx.saved_grads = (grad_h, grad_p, [(p.dtype, p.shape) for p in params])
+        stats = [torch.cat([getattr(t, k) for t in parts]) for k in _STAT_FIELDS]
+        ctx.mark_non_differentiable(*stats)
+        return (loss, *stats)
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_):
+        if ctx.saved_grads is None:
+            raise RuntimeError("The chunked RockOPD loss was already back-propagated; its stored gradients are freed.")
+        grad_h, grad_p, meta = ctx.saved_grads
+        ctx.saved_grads = None
+        # The buffers are ours (freed above), so they are scaled in place; a loss back-propagated as is (upstream
+        # gradient 1, the usual case) skips a full pass over the (V, H) head gradient.
+        unit = bool(grad_loss == 1)
+
+        def scaled(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+            return (g if unit else g.mul_(grad_loss.to(g.dtype))).to(dtype)
+
+        out_h = None if grad_h is None else scaled(grad_h, grad_h.dtype)
+        out_p = [
+            torch.zeros(shape, dtype=dtype, device=grad_loss.device) if g is None else scaled(g, dtype)
+            for g, (dtype, shape) in zip(grad_p, meta)
+        ]
+        return (out_h, None, None, None, None, *out_p)
+
+
+class _RowDivergence(torch.autograd.Function):
+    """Per-row divergences whose backward applies the closed-form gradient, for weights decided after the divergence.
+
+    With no trainable head (LoRA, a frozen or quantized output layer) each row's `d divergence_i / d hidden_i` is
+    formed in the forward pass and only scaled in the backward: 3 matrix products per chunk. With a trainable head,
+    the head's gradient needs the row weights, so the backward projects each chunk again: 6, as a checkpoint would,
+    but without autograd's elementwise passes.
+    """
+
+    @staticmethod
+    def forward(ctx, student_hidden, teacher_hidden, heads: _Heads, want_hidden: bool, *params):
+        eager = want_hidden and not params
+        grad_h = torch.zeros_like(student_hidden) if eager else None
+        parts = []
+        for start in range(0, student_hidden.shape[0], heads.chunk_size):
+            rows = slice(start, start + heads.chunk_size)
+            h = student_hidden[rows].detach().requires_grad_(eager)
+            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], eager)
+            if eager:
+                (grad_h[rows],) = torch.autograd.grad(z_s, h, terms.grad.to(z_s.dtype))
+            del z_s, terms.grad
+            parts.append(terms)
+        ctx.heads, ctx.want_hidden, ctx.n_params, ctx.grad_h = heads, want_hidden, len(params), grad_h
+        if not eager and (want_hidden or params):
+            ctx.save_for_backward(student_hidden, teacher_hidden, *params)
+        stats = [torch.cat([getattr(t, k) for t in parts]) for k in _STAT_FIELDS]
+        ctx.mark_non_differentiable(*stats[1:])
+        return tuple(stats)
+
+    @staticmethod
+    def backward(ctx, grad_div, *_):
+        none = (None, None, None, None)
+        if ctx.grad_h is not None:
+            return (ctx.grad_h * grad_div.unsqueeze(1).to(ctx.grad_h.dtype), *none[1:])
+        if not ctx.saved_tensors:
+            return (*none, *([None] * ctx.n_params))
+        student_hidden, teacher_hidden, *params = ctx.saved_tensors
+        heads, want_hidden = ctx.heads, ctx.want_hidden
+        grad_h = torch.zeros_like(student_hidden) if want_hidden else None
+        grad_p: list[torch.Tensor | None] = [None] * len(params)
+        for start in range(0, student_hidden.shape[0], heads.chunk_size):
+            rows = slice(start, start + heads.chunk_size)
+            h = student_hidden[rows].detach().requires_grad_(want_hidden)
+            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], True)
+            g = terms.grad.mul_(grad_div[rows].unsqueeze(1).float()).to(z_s.dtype)
+            grads = torch.autograd.grad(z_s, ([h] if want_hidden else []) + params, g, allow_unused=True)
+            if want_hidden:
+                grad_h[rows] = grads[0]
+            _accumulate(grad_p, grads, int(want_hidden))
+        out_p = [torch.zeros_like(p) if g is None else g.to(p.dtype) for g, p in zip(grad_p, params)]
+        return (grad_h, None, None, None, *out_p)
+
+
+_STAT_FIELDS = ("divergence", "student_entropy", "teacher_entropy", "logit_grad_norm")
+
+
+def _check_chunk_inputs(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, chunk_size: int) -> None:
+    if student_hidden.shape[0] != teacher_hidden.shape[0]:
+        raise ValueError(
+            f"student_hidden and teacher_hidden must have the same number of rows, got {student_hidden.shape[0]} "
+            f"and {teacher_hidden.shape[0]}."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+
+
+def _grad_targets(student_hidden: torch.Tensor, student_head) -> tuple[bool, list[torch.Tensor]]:
+    if not torch.is_grad_enabled():
+        return False, []
+    return student_hidden.requires_grad, _trainable_leaves(student_head, student_hidden[:1])
+
+
 def chunked_divergence(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
@@ -215,9 +469,11 @@ def chunked_divergence(
 ) -> ChunkedDivergence:
     """Per-row divergence of hidden states projected through the two output heads, `chunk_size` rows at a time.
 
-    Only `chunk_size × V` logits exist at any moment, in the forward and in the backward: each chunk's projection is
-    recomputed in the backward pass (activation checkpointing per chunk) instead of keeping `(N, V)` temporaries
-    alive. Heads are called as modules, so LoRA-wrapped or quantized output layers work unchanged.
+    Only `chunk_size × V` logits exist at any moment, in the forward and in the backward, and the gradient is written
+    in closed form (no autograd graph through the softmaxes). Use it when the row weights depend on the divergence
+    itself; when they are known before the projection, [`chunked_weighted_loss`] is faster. Heads are called as
+    functions, so LoRA-wrapped, quantized or tied output layers and logit post-processing work unchanged; the tensors
+    they train are found from their autograd graph.
 
     Args:
         student_hidden (`torch.Tensor`): `(N, H_s)` student last hidden states of the rows to score.
@@ -228,7 +484,7 @@ def chunked_divergence(
         chunk_size (`int`, *optional*, defaults to `512`): rows projected at once.
 
     Returns:
-        [`ChunkedDivergence`]
+        [`ChunkedDivergence`]: the divergence is differentiable with respect to the student hidden states and head.
 
     Example:
     ```python
@@ -240,58 +496,80 @@ def chunked_divergence(
     torch.Size([5])
     ```
     """
-    if student_hidden.shape[0] != teacher_hidden.shape[0]:
-        raise ValueError(
-            f"student_hidden and teacher_hidden must have the same number of rows, got {student_hidden.shape[0]} "
-            f"and {teacher_hidden.shape[0]}."
-        )
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    _check_chunk_inputs(student_hidden, teacher_hidden, chunk_size)
     beta = _validate_beta(beta)
-    n = student_hidden.shape[0]
-    device = student_hidden.device
-    if n == 0:
-        empty = torch.zeros(0, device=device, dtype=torch.float32)
+    _log_probs(torch.zeros(1, 1), temperature)  # validates the temperature before any projection
+    if student_hidden.shape[0] == 0:
+        empty = torch.zeros(0, device=student_hidden.device, dtype=torch.float32)
         return ChunkedDivergence(empty, empty, empty, empty)
+    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size))
+    want_hidden, params = _grad_targets(student_hidden, student_head)
+    stats = _RowDivergence.apply(student_hidden, teacher_hidden, heads, want_hidden, *params)
+    return ChunkedDivergence(*stats)
 
-    needs_grad = torch.is_grad_enabled() and student_hidden.requires_grad
-    divergences, s_ent, t_ent, g_norm = [], [], [], []
-    for start in range(0, n, chunk_size):
-        h_s = student_hidden[start : start + chunk_size]
-        h_t = teacher_hidden[start : start + chunk_size]
-        stats: dict[str, torch.Tensor] = {}
 
-        def chunk_fn(h_s: torch.Tensor, h_t: torch.Tensor, stats: dict = stats) -> torch.Tensor:
-            student_lp = _log_probs(student_head(h_s), temperature)
-            with torch.no_grad():
-                teacher_lp = _log_probs(teacher_head(h_t), temperature)
-            div = _divergence_from_log_probs(student_lp, teacher_lp, beta)
-            # The statistics are gradient-free; compute them once (the forward), not again when the backward
-            # recomputes this chunk.
-            if not stats:
-                with torch.no_grad():
-                    s_det = student_lp.detach()
-                    stats["s_ent"] = -(s_det.exp() * s_det.masked_fill(s_det == -math.inf, 0.0)).sum(-1)
-                    stats["t_ent"] = -(teacher_lp.exp() * teacher_lp.masked_fill(teacher_lp == -math.inf, 0.0)).sum(
-                        -1
-                    )
-                    stats["g_norm"] = _logit_grad_norm_from_log_probs(s_det, teacher_lp, beta, temperature)
-            return div
+def chunked_weighted_loss(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    student_head: Callable[[torch.Tensor], torch.Tensor],
+    teacher_head: Callable[[torch.Tensor], torch.Tensor],
+    weights: torch.Tensor,
+    normalizer: torch.Tensor | float,
+    beta: float,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> tuple[torch.Tensor, ChunkedDivergence]:
+    """`Σ weights · divergence / normalizer` of hidden states projected in chunks, with the gradient fused in.
 
-        if needs_grad:
-            div = checkpoint(chunk_fn, h_s, h_t, use_reentrant=False)
-        else:
-            div = chunk_fn(h_s, h_t)
-        divergences.append(div)
-        s_ent.append(stats["s_ent"])
-        t_ent.append(stats["t_ent"])
-        g_norm.append(stats["g_norm"])
-    return ChunkedDivergence(
-        divergence=torch.cat(divergences),
-        student_entropy=torch.cat(s_ent),
-        teacher_entropy=torch.cat(t_ent),
-        logit_grad_norm=torch.cat(g_norm),
-    )
+    The same value and gradients as `weighted_loss(chunked_divergence(...).divergence, weights, normalizer)`, in 4
+    matrix products per chunk instead of 6: each chunk's gradient is taken while its logits exist (see
+    [`chunked_divergence`] for the heads and the chunking). Rows of weight 0 still cost their projection, so pass only
+    the rows that carry weight.
+
+    Args:
+        student_hidden, teacher_hidden, student_head, teacher_head, beta, temperature, chunk_size:
+            see [`chunked_divergence`].
+        weights (`torch.Tensor`): `(N,)` non-negative row weights, not differentiated.
+        normalizer (`torch.Tensor` or `float`): see [`weighted_loss`]; 0 is treated as 1.
+
+    Returns:
+        `tuple[torch.Tensor, ChunkedDivergence]`: the scalar loss (differentiable) and the detached per-row scores.
+
+    Example:
+    ```python
+    >>> import torch
+    >>> from hf_rockopd.losses import chunked_weighted_loss
+    >>> head = torch.nn.Linear(4, 11, bias=False)
+    >>> h = torch.randn(5, 4, requires_grad=True)
+    >>> loss, scores = chunked_weighted_loss(h, torch.randn(5, 4), head, head, torch.ones(5), 5, beta=1.0)
+    >>> loss.backward(); h.grad.shape
+    torch.Size([5, 4])
+    ```
+    """
+    _check_chunk_inputs(student_hidden, teacher_hidden, chunk_size)
+    if weights.shape != student_hidden.shape[:1]:
+        raise ValueError(
+            f"weights must have one entry per row, shape ({student_hidden.shape[0]},), got {tuple(weights.shape)}."
+        )
+    beta = _validate_beta(beta)
+    _log_probs(torch.zeros(1, 1), temperature)
+    device = student_hidden.device
+    if student_hidden.shape[0] == 0:
+        empty = torch.zeros(0, device=device, dtype=torch.float32)
+        zero = student_hidden.float().sum() * 0.0
+        return zero, ChunkedDivergence(empty, empty, empty, empty)
+    row_scale = weights.detach().to(device=device, dtype=torch.float32) / _as_normalizer(normalizer, device)
+    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size))
+    want_hidden, params = _grad_targets(student_hidden, student_head)
+    loss, *stats = _WeightedDivergenceLoss.apply(student_hidden, teacher_hidden, row_scale, heads, want_hidden, *params)
+    return loss, ChunkedDivergence(*stats)
+
+
+def _as_normalizer(normalizer: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    if not torch.is_tensor(normalizer):
+        normalizer = torch.tensor(float(normalizer), device=device)
+    normalizer = normalizer.detach().to(device=device, dtype=torch.float32)
+    return torch.where(normalizer > 0, normalizer, torch.ones_like(normalizer))
 
 
 def weighted_loss(
@@ -316,8 +594,4 @@ def weighted_loss(
     """
     if divergence.shape != weights.shape:
         raise ValueError(f"divergence and weights must have the same shape, got {divergence.shape} and {weights.shape}.")
-    if not torch.is_tensor(normalizer):
-        normalizer = torch.tensor(float(normalizer), device=divergence.device)
-    normalizer = normalizer.to(device=divergence.device, dtype=torch.float32)
-    normalizer = torch.where(normalizer > 0, normalizer, torch.ones_like(normalizer))
-    return (divergence * weights.to(divergence.dtype)).sum() / normalizer
+    return (divergence * weights.to(divergence.dtype)).sum() / _as_normalizer(normalizer, divergence.device)

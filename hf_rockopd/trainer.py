@@ -22,7 +22,7 @@ from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
-from .losses import ChunkedDivergence, chunked_divergence, weighted_loss
+from .losses import ChunkedDivergence, chunked_divergence, chunked_weighted_loss, weighted_loss
 from .model_card import CARD_NAME, model_card_from_trainer
 from .models import unpack_cpu_4bit_weights
 from .policies import TokenBatch, TokenPolicy, get_policy
@@ -125,9 +125,10 @@ def _check_supported_setup(args: RockOPDConfig) -> None:
 
 @dataclass
 class _Projection:
-    grad: ChunkedDivergence  # rows that carry weight (differentiable)
+    grad: ChunkedDivergence  # rows that carry weight (differentiable unless `loss` is set)
     probe: ChunkedDivergence  # zero-weight rows scored without gradient
     anchor: torch.Tensor  # 0.0 connected to the student's graph, for batches with no weighted row
+    loss: torch.Tensor | None = None  # the fused weighted loss, when the weights were known before projecting
 
 
 class RockOPDTrainer(GKDTrainer):
@@ -425,8 +426,14 @@ class RockOPDTrainer(GKDTrainer):
         inputs: dict[str, torch.Tensor],
         grad_rows: torch.Tensor,
         probe_rows: torch.Tensor,
+        row_weights: torch.Tensor | None = None,
+        normalizer: torch.Tensor | None = None,
     ) -> _Projection:
-        """Backbones of both models, then the heads only on `grad_rows` (with gradient) and `probe_rows` (without)."""
+        """Backbones of both models, then the heads only on `grad_rows` (with gradient) and `probe_rows` (without).
+
+        With `row_weights` (weights decided before the divergence) the weighted loss and its gradient are fused per
+        chunk (`chunked_weighted_loss`, 4 matrix products per chunk); otherwise the per-row divergences stay
+        differentiable for weights decided from them (`chunked_divergence`)."""
         model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
         student_hidden = _backbone(student)(**model_inputs).last_hidden_state[:, :-1]
 
@@ -443,9 +450,21 @@ class RockOPDTrainer(GKDTrainer):
             "temperature": self.args.loss_temperature,
             "chunk_size": self.args.loss_chunk_size,
         }
-        grad = chunked_divergence(
-            student_hidden[grad_rows], teacher_hidden[grad_rows], student_logits, teacher_logits, **common
-        )
+        loss = None
+        if row_weights is None:
+            grad = chunked_divergence(
+                student_hidden[grad_rows], teacher_hidden[grad_rows], student_logits, teacher_logits, **common
+            )
+        else:
+            loss, grad = chunked_weighted_loss(
+                student_hidden[grad_rows],
+                teacher_hidden[grad_rows],
+                student_logits,
+                teacher_logits,
+                row_weights,
+                normalizer,
+                **common,
+            )
         with torch.no_grad():
             probe = chunked_divergence(
                 student_hidden[probe_rows], teacher_hidden[probe_rows], student_logits, teacher_logits, **common
@@ -456,7 +475,7 @@ class RockOPDTrainer(GKDTrainer):
             # Nothing carries weight: a zero that still reaches every student parameter, so the backward pass (and
             # DDP's gradient reduction) sees the same graph as on any other batch.
             anchor = 0.0 * student_logits(student_hidden[:1, :1]).float().sum()
-        return _Projection(grad=grad, probe=probe, anchor=anchor)
+        return _Projection(grad=grad, probe=probe, anchor=anchor, loss=loss)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         training = self.model.training
@@ -470,35 +489,31 @@ class RockOPDTrainer(GKDTrainer):
         policy = self.rock_policy
         scores_first = policy.needs_divergence or policy.needs_entropy
 
+        n_valid = mask.sum()
         if scores_first:
             weights, grad_rows = None, mask
+            fused = {}
         else:
             weights = self._checked_weights(batch)
             grad_rows = weights > 0
+            row_weights = weights[grad_rows]
+            fused = {"row_weights": row_weights, "normalizer": self._normalizer(row_weights, n_valid, num_items_in_batch)}
         probe_rows = self._probe_rows(mask & ~grad_rows)
 
         unwrapped = self.accelerator.unwrap_model(model)
-        projection = self._forward_redirection(model, unwrapped, self._project, unwrapped, inputs, grad_rows, probe_rows)
-        divergence = projection.grad.divergence
-        self._check_finite(divergence, projection.probe.divergence, step)
+        projection = self._forward_redirection(
+            model, unwrapped, self._project, unwrapped, inputs, grad_rows, probe_rows, **fused
+        )
+        self._check_finite(projection.grad.divergence, projection.probe.divergence, step)
 
         self._fill_scores(batch, grad_rows, projection.grad, probe_rows, projection.probe)
         if scores_first:
             weights = self._checked_weights(batch)
-        row_weights = weights[grad_rows]
-
-        n_valid = mask.sum()
-        # Without a global count (evaluation, or a direct call), each micro-batch is a mean over its own tokens.
-        accumulation = getattr(self, "current_gradient_accumulation_steps", 1) if training else 1
-        if self.args.rock_normalization == "tokens":
-            if training and num_items_in_batch is not None:
-                # Global count over processes and accumulation steps; DDP then averages gradients over processes.
-                normalizer = num_items_in_batch / self.accelerator.num_processes
-            else:
-                normalizer = n_valid * accumulation
+            row_weights = weights[grad_rows]
+            normalizer = self._normalizer(row_weights, n_valid, num_items_in_batch)
+            loss = weighted_loss(projection.grad.divergence, row_weights, normalizer) + projection.anchor
         else:
-            normalizer = row_weights.sum() * accumulation
-        loss = weighted_loss(divergence, row_weights, normalizer) + projection.anchor
+            loss = projection.loss + projection.anchor
 
         if row_weights.sum() == 0:
             logger.warning(
@@ -509,6 +524,20 @@ class RockOPDTrainer(GKDTrainer):
             policy.update(batch, weights)
         self._log_rock_metrics(mode, batch, weights, grad_rows, probe_rows)
         return (loss, None) if return_outputs else loss
+
+    def _normalizer(
+        self, row_weights: torch.Tensor, n_valid: torch.Tensor, num_items_in_batch: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The denominator of the loss for `rock_normalization` (see [`RockOPDConfig`])."""
+        training = self.model.training
+        # Without a global count (evaluation, or a direct call), each micro-batch is a mean over its own tokens.
+        accumulation = getattr(self, "current_gradient_accumulation_steps", 1) if training else 1
+        if self.args.rock_normalization == "tokens":
+            if training and num_items_in_batch is not None:
+                # Global count over processes and accumulation steps; DDP then averages gradients over processes.
+                return num_items_in_batch / self.accelerator.num_processes
+            return n_valid * accumulation
+        return row_weights.sum() * accumulation
 
     @staticmethod
     def _fill_scores(

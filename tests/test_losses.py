@@ -8,6 +8,7 @@ from trl.experimental.gkd import GKDTrainer
 
 from hf_rockopd.losses import (
     chunked_divergence,
+    chunked_weighted_loss,
     logit_grad_norm,
     per_token_divergence,
     per_token_entropy,
@@ -142,11 +143,13 @@ def test_chunked_equals_full_projection_values_and_gradients(beta, chunk_size):
 
 
 def _saved_bytes(fn):
-    """Bytes of every tensor autograd keeps for the backward pass while `fn` runs."""
+    """Bytes of every tensor autograd keeps for the backward pass while `fn` runs (parameters are references, not
+    activations, and are not counted)."""
     total = [0]
 
     def pack(t):
-        total[0] += t.numel() * t.element_size()
+        if not isinstance(t, torch.nn.Parameter):
+            total[0] += t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -190,3 +193,158 @@ def test_weighted_loss_normalizers():
     assert float(weighted_loss(torch.zeros(0), torch.zeros(0), normalizer=0)) == 0.0
     with pytest.raises(ValueError, match="same shape"):
         weighted_loss(div, w[:2], 1)
+
+
+# ------------------------------------------------------------------ fused loss and closed-form backward passes ----
+def _reference_loss(hs, ht, s_head, t_head, weights, normalizer, beta, temperature):
+    full = per_token_divergence(s_head(hs), t_head(ht).detach(), beta, temperature)
+    return weighted_loss(full, weights, normalizer), full.detach()
+
+
+def _grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("temperature", [1.0, 1.3])
+@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+def test_fused_weighted_loss_equals_full_projection(beta, temperature, chunk_size):
+    torch.manual_seed(6)
+    n, h, v = 10, 8, 37
+    s_head = torch.nn.Linear(h, v, bias=True)
+    t_head = torch.nn.Linear(h + 4, v, bias=False).requires_grad_(False)
+    hs = (torch.randn(n, h) * 2).requires_grad_(True)
+    ht = torch.randn(n, h + 4) * 2
+    weights = torch.rand(n) * (torch.rand(n) > 0.3)
+    tensors = (hs, s_head.weight, s_head.bias)
+
+    loss, scores = chunked_weighted_loss(hs, ht, s_head, t_head, weights, 7.0, beta, temperature, chunk_size)
+    got = _grads(loss, tensors)
+    ref, full = _reference_loss(hs, ht, s_head, t_head, weights, 7.0, beta, temperature)
+    want = _grads(ref, tensors)
+
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(scores.divergence, full, rtol=1e-5, atol=1e-6)
+    assert not scores.divergence.requires_grad
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        z_s, z_t = s_head(hs), t_head(ht)
+        torch.testing.assert_close(scores.student_entropy, per_token_entropy(z_s / temperature))
+        torch.testing.assert_close(scores.teacher_entropy, per_token_entropy(z_t / temperature))
+        torch.testing.assert_close(scores.logit_grad_norm, logit_grad_norm(z_s, z_t, beta, temperature), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_closed_form_paths_find_the_tensors_a_head_trains(fused):
+    """A closure head with logit post-processing, a frozen base weight and trainable low-rank factors (LoRA's
+    shape), and a tied embedding that also receives gradient from elsewhere in the graph."""
+    torch.manual_seed(7)
+    n, h, v, r = 9, 6, 23, 2
+    embedding = torch.nn.Embedding(v, h)
+    base = torch.randn(v, h)
+    lora_a = (torch.randn(r, h) * 0.1).requires_grad_(True)
+    lora_b = (torch.randn(v, r) * 0.1).requires_grad_(True)
+
+    def head(x):  # trains lora_a, lora_b and the tied embedding weight, not `base`
+        return 5.0 * torch.tanh((x @ (base + embedding.weight).T + x @ lora_a.T @ lora_b.T) / 5.0)
+
+    t_head = torch.nn.Linear(h, v, bias=False).requires_grad_(False)
+    ids = torch.randint(0, v, (n,))
+    ht = torch.randn(n, h)
+    weights = torch.rand(n)
+    tensors = (lora_a, lora_b, embedding.weight)
+
+    def total(loss_fn):
+        hs = embedding(ids) * 2.0  # the student's hidden states themselves depend on the embedding
+        return loss_fn(hs) + 0.1 * hs.square().sum()
+
+    if fused:
+        ours = total(lambda hs: chunked_weighted_loss(hs, ht, head, t_head, weights, 4.0, 0.5, chunk_size=4)[0])
+    else:
+        ours = total(lambda hs: weighted_loss(chunked_divergence(hs, ht, head, t_head, 0.5, chunk_size=4).divergence, weights, 4.0))
+    got = _grads(ours, tensors)
+    want = _grads(total(lambda hs: _reference_loss(hs, ht, head, t_head, weights, 4.0, 0.5, 1.0)[0]), tensors)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_frozen_head_row_divergence_scales_stored_gradients(beta):
+    """With no trainable head, `chunked_divergence` forms each row's hidden-state gradient in the forward pass; the
+    backward must weight it by the upstream gradient of each row (here non-uniform and of mixed sign)."""
+    torch.manual_seed(8)
+    n, h, v = 11, 5, 19
+    s_head = torch.nn.Linear(h, v).requires_grad_(False)
+    t_head = torch.nn.Linear(h, v).requires_grad_(False)
+    hs = torch.randn(n, h, requires_grad=True)
+    ht = torch.randn(n, h)
+    upstream = torch.randn(n)
+    out = chunked_divergence(hs, ht, s_head, t_head, beta, chunk_size=4)
+    (got,) = torch.autograd.grad((out.divergence * upstream).sum() + out.divergence[0] ** 2, hs)
+    full = per_token_divergence(s_head(hs), t_head(ht), beta)
+    (want,) = torch.autograd.grad((full * upstream).sum() + full[0] ** 2, hs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_minus_inf_logits_take_the_masked_path(beta):
+    torch.manual_seed(9)
+    n, h, v = 6, 4, 13
+    s_head, t_head = torch.nn.Linear(h, v), torch.nn.Linear(h, v).requires_grad_(False)
+    with torch.no_grad():
+        s_head.bias[3] = -math.inf  # a token banned in both models: contributes exactly 0
+        t_head.bias[3] = -math.inf
+    hs = torch.randn(n, h, requires_grad=True)
+    ht = torch.randn(n, h)
+    weights = torch.ones(n)
+    loss, scores = chunked_weighted_loss(hs, ht, s_head, t_head, weights, n, beta, chunk_size=4)
+    got = _grads(loss, (hs, s_head.weight))
+    ref, full = _reference_loss(hs, ht, s_head, t_head, weights, n, beta, 1.0)
+    want = _grads(ref, (hs, s_head.weight))
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in got)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(scores.divergence, full, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(scores.student_entropy).all() and torch.isfinite(scores.teacher_entropy).all()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_fused_bf16_matches_autograd_on_the_same_bf16_logits():
+    torch.manual_seed(10)
+    n, h, v = 8, 16, 64
+    s_head = torch.nn.Linear(h, v, bias=False).bfloat16()
+    t_head = torch.nn.Linear(h, v, bias=False).bfloat16().requires_grad_(False)
+    hs = torch.randn(n, h, dtype=torch.bfloat16, requires_grad=True)
+    ht = torch.randn(n, h, dtype=torch.bfloat16)
+    loss, _ = chunked_weighted_loss(hs, ht, s_head, t_head, torch.ones(n), n, 1.0, chunk_size=3)
+    got = _grads(loss, (hs, s_head.weight))
+    assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.bfloat16
+    ref, _ = _reference_loss(hs, ht, s_head, t_head, torch.ones(n), n, 1.0, 1.0)
+    want = _grads(ref, (hs, s_head.weight))
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got, want):
+        # bf16 keeps 8 bits of mantissa: the two paths round the (n, V) gradient at different points.
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_fused_loss_edges_and_errors():
+    head = torch.nn.Linear(4, 9)
+    hs = torch.randn(3, 4, requires_grad=True)
+    loss, scores = chunked_weighted_loss(hs[:0], torch.zeros(0, 4), head, head, torch.zeros(0), 0, 1.0)
+    assert float(loss.detach()) == 0.0 and scores.divergence.shape == (0,)
+    loss, _ = chunked_weighted_loss(hs, torch.randn(3, 4), head, head, torch.zeros(3), 0, 1.0)
+    assert float(loss.detach()) == 0.0  # all weights 0, normalizer 0 -> 1: exactly 0 with zero gradients
+    loss.backward()
+    assert hs.grad.abs().max() == 0
+    with pytest.raises(RuntimeError, match="already back-propagated"):
+        loss.backward()
+    with torch.no_grad():
+        loss, scores = chunked_weighted_loss(hs, torch.randn(3, 4), head, head, torch.ones(3), 3, 0.5)
+    assert loss.grad_fn is None and scores.divergence.shape == (3,)
+    with pytest.raises(ValueError, match=r"one entry per row, shape \(3,\), got \(2,\)"):
+        chunked_weighted_loss(hs, torch.randn(3, 4), head, head, torch.ones(2), 3, 1.0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        chunked_weighted_loss(hs, torch.randn(3, 4), head, head, torch.ones(3), 3, 1.0, temperature=0.0)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        chunked_weighted_loss(hs, torch.randn(3, 4), head, head, torch.ones(3), 3, 1.0, chunk_size=0)
