@@ -1,5 +1,6 @@
 """The loss-path benchmark's implementations compute the same loss, and its agreement check catches a wrong one."""
 
+import json
 import os
 import sys
 
@@ -60,3 +61,33 @@ def test_case_rejects_bad_values():
     with pytest.raises(ValueError, match="beta"):
         LossCase(hidden=8, vocab=16, batch=1, length=4, beta=1.5, frozen=0.0)
     assert torch.equal(make_inputs(LossCase(8, 16, 1, 4, 1.0, 0.0))["h_t"], make_inputs(LossCase(8, 16, 1, 4, 1.0, 0.0))["h_t"])
+
+
+def test_scaling_fits_time_and_memory_on_the_length_sweep_only(tmp_path):
+    from benchmarks import scaling
+
+    def record(hidden, vocab, length, beta=1.0, frozen=0.0):
+        blv = 4 * length * vocab
+        return {
+            "case": {"hidden": hidden, "vocab": vocab, "batch": 4, "length": length, "beta": beta, "frozen": frozen},
+            "status": {"rockopd": "ok", "gkd": "ok" if length < 1024 else "OOM"},
+            "peak_bytes": {"rockopd": 1e8, **({"gkd": 10 * blv} if length < 1024 else {})},
+            "median_s": {"rockopd": 1e-8 * blv, **({"gkd": 2e-8 * blv} if length < 1024 else {})},
+        }
+
+    records = [record(576, 49152, n) for n in (256, 512, 1024)]
+    records += [record(576, 49152, 256, beta=0.5), record(576, 49152, 256, frozen=0.5), record(2048, 151936, 256)]
+    memory, time = scaling.fit_growth(records, "memory"), scaling.fit_growth(records, "time")
+    assert memory["rockopd"]["exponent"] == pytest.approx(0.0, abs=1e-9)
+    assert memory["gkd"]["exponent"] == pytest.approx(1.0)
+    assert time["rockopd"]["exponent"] == pytest.approx(1.0)
+    # Only the H=576 uniform beta 0/1 points: the mixture, frozen and other-head records are not in the fit.
+    assert [p["length"] for p in time["rockopd"]["points"]] == [256, 512, 1024]
+    assert len(time["gkd"]["points"]) == 2
+    with pytest.raises(ValueError, match="quantity must be one of"):
+        scaling.fit_growth(records, "flops")
+    path = tmp_path / "lp.json"
+    path.write_text(json.dumps({"meta": {"budget_gib": 12.0}, "records": records}))
+    assert scaling.main([str(path), "--plot", str(tmp_path / "s.png"), "--out", str(tmp_path / "s.json")]) == 0
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert set(json.loads((tmp_path / "s.json").read_text())) == {"memory", "time"}
