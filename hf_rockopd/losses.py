@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +48,14 @@ def _validate_beta(beta: float) -> float:
     return beta
 
 
-def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    if temperature <= 0:
+def _validate_temperature(temperature: float) -> float:
+    if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
+    return float(temperature)
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    _validate_temperature(temperature)
     # float32 internally: bf16 log-softmax over 150k entries loses the small probabilities the KL is made of.
     logits = logits.float()
     if temperature != 1.0:
@@ -152,27 +157,6 @@ def per_token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
     return -(p * lp.masked_fill(p == 0, 0.0)).sum(dim=-1)
 
 
-def _logit_grad_norm_from_log_probs(
-    student_lp: torch.Tensor, teacher_lp: torch.Tensor, beta: float, temperature: float
-) -> torch.Tensor:
-    s = student_lp.exp()
-    if beta == 0.0:
-        # d KL(t‖s) / dz = s − t
-        grad = s - teacher_lp.exp()
-    else:
-        if beta == 1.0:
-            # d KL(s‖t) / ds_k = log(s_k / t_k) + 1 (the +1 vanishes through the softmax Jacobian)
-            a = student_lp - teacher_lp
-        else:
-            # d JSD / ds_k = (1 − beta) · log(s_k / m_k): the teacher term's derivative cancels the rest.
-            mixture_lp = _mixture_log_probs(student_lp, teacher_lp, beta)
-            a = (1.0 - beta) * (student_lp - mixture_lp)
-        a = a.masked_fill(s == 0, 0.0)
-        # Softmax Jacobian: dL/dz_j = s_j (a_j − Σ_k s_k a_k).
-        grad = s * (a - (s * a).sum(dim=-1, keepdim=True))
-    return grad.norm(dim=-1) / temperature
-
-
 def logit_grad_norm(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -191,10 +175,14 @@ def logit_grad_norm(
     True
     ```
     """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student_logits and teacher_logits must have the same shape, got {tuple(student_logits.shape)} and "
+            f"{tuple(teacher_logits.shape)}."
+        )
     beta = _validate_beta(beta)
-    return _logit_grad_norm_from_log_probs(
-        _log_probs(student_logits, temperature), _log_probs(teacher_logits, temperature), beta, temperature
-    )
+    _validate_temperature(temperature)
+    return _chunk_terms(student_logits.detach(), teacher_logits.detach(), beta, temperature).logit_grad_norm
 
 
 @dataclass
@@ -234,11 +222,7 @@ def _log_softmax_and_softmax(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 @dataclass
-class _ChunkTerms:
-    divergence: torch.Tensor
-    student_entropy: torch.Tensor
-    teacher_entropy: torch.Tensor
-    logit_grad_norm: torch.Tensor
+class _ChunkTerms(ChunkedDivergence):
     grad: torch.Tensor  # d divergence[i] / d student_logits[i], float32 (n, V)
 
 
@@ -463,7 +447,7 @@ class _RowDivergence(torch.autograd.Function):
         return (grad_h, None, None, None, *out_p)
 
 
-_STAT_FIELDS = ("divergence", "student_entropy", "teacher_entropy", "logit_grad_norm")
+_STAT_FIELDS = tuple(f.name for f in fields(ChunkedDivergence))
 
 
 def _check_chunk_inputs(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, chunk_size: int) -> None:
@@ -522,7 +506,7 @@ def chunked_divergence(
     """
     _check_chunk_inputs(student_hidden, teacher_hidden, chunk_size)
     beta = _validate_beta(beta)
-    _log_probs(torch.zeros(1, 1), temperature)  # validates the temperature before any projection
+    _validate_temperature(temperature)
     if student_hidden.shape[0] == 0:
         empty = torch.zeros(0, device=student_hidden.device, dtype=torch.float32)
         return ChunkedDivergence(empty, empty, empty, empty)
@@ -576,7 +560,7 @@ def chunked_weighted_loss(
             f"weights must have one entry per row, shape ({student_hidden.shape[0]},), got {tuple(weights.shape)}."
         )
     beta = _validate_beta(beta)
-    _log_probs(torch.zeros(1, 1), temperature)
+    _validate_temperature(temperature)
     device = student_hidden.device
     if student_hidden.shape[0] == 0:
         empty = torch.zeros(0, device=device, dtype=torch.float32)
