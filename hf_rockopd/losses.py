@@ -203,13 +203,21 @@ class ChunkedDivergence:
 
 
 def _dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`Σ_k a[i, k] · b[i, k]` per row. Not `bmm`: its float32 dot accumulates serially, 10x less accurate over
-    V = 49,152 (measured: 1.3e-4 vs 1.0e-5 relative), which broke the 1e-5 agreement with TRL's losses."""
-    return torch.linalg.vecdot(a, b, dim=-1)
+    """`Σ_k a[i, k] · b[i, k]` per row, a few rows at a time: `vecdot` materializes the `(n, V)` product, which would
+    be the chunk's largest buffer after its 4 softmaxes. Not `bmm`: its float32 dot accumulates serially, 10x less
+    accurate over V = 49,152 (measured: 1.3e-4 vs 1.0e-5 relative), which broke the 1e-5 agreement with TRL's losses."""
+    rows = max(1, _DOT_BLOCK_ENTRIES // max(1, a.shape[-1]))
+    if a.shape[0] <= rows:
+        return torch.linalg.vecdot(a, b, dim=-1)
+    return torch.cat([torch.linalg.vecdot(a[i : i + rows], b[i : i + rows], dim=-1) for i in range(0, a.shape[0], rows)])
 
 
-def _log_softmax_and_softmax(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(log_softmax(z), softmax(z))` over the last dim from one `exp` pass.
+_DOT_BLOCK_ENTRIES = 2**20  # 4 MiB of float32 products at once
+
+
+def _log_softmax_and_softmax(z: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(log_softmax(z), softmax(z))` over the last dim from one `exp` pass; with `inplace` the log-softmax
+    overwrites `z`, so a chunk holds 2 `(n, V)` buffers per model instead of 3.
 
     Also more accurate than `torch.log_softmax` in float32 on the CPU: over V = 49,152 its entries are off by up to
     5e-6 (1.8e-6 this way, against float64), which the mixture's gradient amplifies to 3e-5 relative (6e-6 this way).
@@ -218,7 +226,8 @@ def _log_softmax_and_softmax(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: nan below, caught by the caller
     p = (z - m).exp_()
     total = p.sum(dim=-1, keepdim=True)
-    return z - (m + total.log()), p.div_(total)
+    shift = m + total.log()
+    return (z.sub_(shift) if inplace else z - shift), p.div_(total)
 
 
 @dataclass
@@ -227,43 +236,58 @@ class _ChunkTerms(ChunkedDivergence):
 
 
 def _chunk_terms(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
-) -> _ChunkTerms:
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    beta: float,
+    temperature: float,
+    overwrite_student: bool = False,
+    overwrite_teacher: bool = False,
+) -> _ChunkTerms | None:
     """Divergence, both entropies and the closed-form gradient of one chunk of logits, with as few `(n, V)` passes
-    and buffers as the formulas allow (log-softmaxes are overwritten in place once their entropy is taken).
+    and buffers as the formulas allow (log-softmaxes are overwritten in place once their entropy is taken; with
+    `overwrite_*`, so are the float32 logits passed in).
 
     The closed forms are those of [`logit_grad_norm`]. They hold wherever both log-softmaxes are finite; a chunk with
     `-inf` logits (banned tokens) gives a non-finite value somewhere and is redone by the masked autograd reference,
-    so edge cases cost time only where they occur.
+    so edge cases cost time only where they occur. If logits were overwritten they are gone by then, and `None` asks
+    the caller to project the chunk again.
     """
     z_s, z_t = student_logits.float(), teacher_logits.float()
     if temperature != 1.0:
         z_s, z_t = z_s / temperature, z_t / temperature
-    ls, s = _log_softmax_and_softmax(z_s)
-    lt, t = _log_softmax_and_softmax(z_t)
+    own_s, own_t = overwrite_student or z_s is not student_logits, overwrite_teacher or z_t is not teacher_logits
+    ls, s = _log_softmax_and_softmax(z_s, inplace=own_s)
+    lt, t = _log_softmax_and_softmax(z_t, inplace=own_t)
     del z_s, z_t
     s_ent, t_ent = -_dot_rows(s, ls), -_dot_rows(t, lt)
     if beta == 0.0:
         # KL(t ‖ s); d/dz = s − t.
         div = _dot_rows(t, lt.sub_(ls))
+        del ls, lt
         grad = s.sub_(t)
     elif beta == 1.0:
         # KL(s ‖ t); d/dz_j = s_j (a_j − Σ_k s_k a_k) with a = log s − log t, and Σ_k s_k a_k is the divergence itself.
+        del t
         a = ls.sub_(lt)
+        del lt
         div = _dot_rows(s, a)
         grad = a.sub_(div.unsqueeze(1)).mul_(s)
     else:
-        # The mixture is computed once: logaddexp is one elementwise pass (no stacked (2, n, V) logsumexp).
-        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+        # The mixture is computed once, into one new buffer: log M = log β + logaddexp(log s + log((1−β)/β), log t).
+        lm = ls + (math.log1p(-beta) - math.log(beta))
+        torch.logaddexp(lm, lt, out=lm).add_(math.log(beta))
         a = ls.sub_(lm)
         s_a = _dot_rows(s, a)
         div = beta * _dot_rows(t, lt.sub_(lm)) + (1.0 - beta) * s_a
-        del lm
+        del lm, lt, t
         grad = a.sub_(s_a.unsqueeze(1)).mul_(s).mul_(1.0 - beta)
     if temperature != 1.0:
         grad.div_(temperature)
     g_norm = torch.linalg.vector_norm(grad, dim=-1)
     if not bool(torch.isfinite(torch.stack([div, s_ent, t_ent, g_norm])).all()):
+        del grad, s
+        if overwrite_student or overwrite_teacher:
+            return None
         return _chunk_terms_masked(student_logits, teacher_logits, beta, temperature)
     return _ChunkTerms(div, s_ent, t_ent, g_norm, grad)
 
@@ -316,24 +340,86 @@ class _Heads:
     chunk_size: int
 
 
+def _plain_linear(head: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor]) -> bool:
+    """Whether `head` is a bare `nn.Linear` (no hooks, no subclass such as a LoRA or 4-bit layer) whose trainable
+    tensors are exactly its weight and, if it trains one, its bias."""
+    if type(head) is not torch.nn.Linear or not params:
+        return False
+    hooks = (head._forward_hooks, head._forward_pre_hooks)
+    if any(hooks) or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return False
+    own = [head.weight] + ([head.bias] if head.bias is not None and head.bias.requires_grad else [])
+    return head.weight.requires_grad and {id(p) for p in params} == {id(p) for p in own}
+
+
+def _addmm_float32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`acc + a @ b` in float32, in place when `acc` exists (rounding each chunk's product to bf16 before summing
+    would bias the head's gradient, see TRL's `kernels/chunked_logprob._addmm_fp32`)."""
+    a, b = a.float(), b.float()
+    return torch.mm(a, b) if acc is None else acc.addmm_(a, b)
+
+
+class _StudentGrads:
+    """Gradients of the student hidden rows and head tensors, accumulated chunk by chunk from `d loss / d logits`.
+
+    Through autograd, every chunk allocates its own `(V, H)` head gradient before it is added to the total: twice
+    the head's size at once (2.3 GiB at Qwen3's 151,936 × 2,048 head in float32). A bare `nn.Linear` head, the
+    usual case, is instead differentiated by hand: `d W += g^T h` written in place into one float32 buffer.
+    """
+
+    def __init__(self, heads: _Heads, hidden: torch.Tensor, want_hidden: bool, params: list[torch.Tensor]):
+        self.heads, self.want_hidden, self.params = heads, want_hidden, params
+        self.linear = _plain_linear(heads.student, params)
+        self.hidden = torch.zeros_like(hidden) if want_hidden else None
+        self.head: list[torch.Tensor | None] = [None] * len(params)
+
+    def project(self, h_s: torch.Tensor, h_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _ChunkTerms]:
+        """`(h, z_s, terms)` of one chunk; `z_s` keeps its graph back to `h` and the head unless differentiated by
+        hand."""
+        h = h_s.detach().requires_grad_(self.want_hidden and not self.linear)
+        track = (self.want_hidden or bool(self.params)) and not self.linear
+        return (h, *_project_chunk(self.heads, h, h_t, track))
+
+    def add(self, rows: slice, h: torch.Tensor, z_s: torch.Tensor, grad_logits: torch.Tensor) -> None:
+        """Push `grad_logits`, the float32 `d loss / d z_s` of the chunk's rows, through the head."""
+        if self.linear:
+            head = self.heads.student
+            if self.want_hidden:
+                self.hidden[rows] = grad_logits.to(head.weight.dtype) @ head.weight
+            for i, p in enumerate(self.params):
+                if p is head.weight:
+                    self.head[i] = _addmm_float32(self.head[i], grad_logits.t(), h)
+                else:
+                    bias = grad_logits.sum(dim=0)
+                    self.head[i] = bias if self.head[i] is None else self.head[i].add_(bias)
+            return
+        inputs = ([h] if self.want_hidden else []) + list(self.params)
+        if not inputs:
+            return
+        grads = torch.autograd.grad(z_s, inputs, grad_logits.to(z_s.dtype), allow_unused=True)
+        if self.want_hidden:
+            self.hidden[rows] = grads[0]
+        for i, g in enumerate(grads[int(self.want_hidden) :]):
+            if g is not None:
+                # float32 sums over chunks, as one matrix product over all rows would accumulate.
+                self.head[i] = g.float() if self.head[i] is None else self.head[i].add_(g)
+
+
 def _project_chunk(heads: _Heads, h_s: torch.Tensor, h_t: torch.Tensor, track: bool):
-    """Logits of one chunk; the student's keep their graph back to `h_s` and the head when `track`."""
-    if track:
-        with torch.enable_grad():
-            z_s = heads.student(h_s)
-    else:
+    """Logits and terms of one chunk. With `track` the student's logits keep their graph back to `h_s` and the head;
+    without, both logits are only inputs to the terms, which overwrite them (and `None` is returned for them)."""
+    with torch.enable_grad() if track else torch.no_grad():
         z_s = heads.student(h_s)
     with torch.no_grad():
         z_t = heads.teacher(h_t)
-    return z_s, _chunk_terms(z_s.detach(), z_t, heads.beta, heads.temperature)
-
-
-def _accumulate(total: list, grads, offset: int) -> None:
-    for i, g in enumerate(grads[offset:]):
-        if g is None:
-            continue
-        # float32 sums over chunks, as one matrix product over all rows would accumulate.
-        total[i] = g.float() if total[i] is None else total[i].add_(g)
+        # The student's logits are overwritten only when no graph needs them (a head may save its output).
+        terms = _chunk_terms(
+            z_s.detach(), z_t, heads.beta, heads.temperature, overwrite_student=not track, overwrite_teacher=True
+        )
+        if terms is None:
+            # -inf logits somewhere in the chunk (rare): project it again for the masked reference formulas.
+            terms = _chunk_terms_masked(heads.student(h_s), heads.teacher(h_t), heads.beta, heads.temperature)
+    return (z_s if track else None), terms
 
 
 class _WeightedDivergenceLoss(torch.autograd.Function):
@@ -348,27 +434,18 @@ class _WeightedDivergenceLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, student_hidden, teacher_hidden, row_scale, heads: _Heads, want_hidden: bool, *params):
-        track = want_hidden or bool(params)
-        grad_h = torch.zeros_like(student_hidden) if want_hidden else None
-        grad_p: list[torch.Tensor | None] = [None] * len(params)
+        grads = _StudentGrads(heads, student_hidden, want_hidden, list(params))
         loss = torch.zeros((), dtype=torch.float32, device=student_hidden.device)
         parts = []
         for start in range(0, student_hidden.shape[0], heads.chunk_size):
             rows = slice(start, start + heads.chunk_size)
-            h = student_hidden[rows].detach().requires_grad_(want_hidden)
-            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], track)
+            h, z_s, terms = grads.project(student_hidden[rows], teacher_hidden[rows])
             scale = row_scale[rows]
             loss += torch.dot(terms.divergence, scale)
-            if track:
-                g = terms.grad.mul_(scale.unsqueeze(1)).to(z_s.dtype)
-                inputs = ([h] if want_hidden else []) + list(params)
-                grads = torch.autograd.grad(z_s, inputs, g, allow_unused=True)
-                if want_hidden:
-                    grad_h[rows] = grads[0]
-                _accumulate(grad_p, grads, int(want_hidden))
+            grads.add(rows, h, z_s, terms.grad.mul_(scale.unsqueeze(1)))
             del z_s, terms.grad
             parts.append(terms)
-        ctx.saved_grads = (grad_h, grad_p, [(p.dtype, p.shape) for p in params])
+        ctx.saved_grads = (grads.hidden, grads.head, [(p.dtype, p.shape) for p in params])
         stats = [torch.cat([getattr(t, k) for t in parts]) for k in _STAT_FIELDS]
         ctx.mark_non_differentiable(*stats)
         return (loss, *stats)
@@ -391,6 +468,7 @@ class _WeightedDivergenceLoss(torch.autograd.Function):
             torch.zeros(shape, dtype=dtype, device=grad_loss.device) if g is None else scaled(g, dtype)
             for g, (dtype, shape) in zip(grad_p, meta)
         ]
+        del grad_p
         return (out_h, None, None, None, None, *out_p)
 
 
@@ -406,17 +484,16 @@ class _RowDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student_hidden, teacher_hidden, heads: _Heads, want_hidden: bool, *params):
         eager = want_hidden and not params
-        grad_h = torch.zeros_like(student_hidden) if eager else None
+        grads = _StudentGrads(heads, student_hidden, eager, [])
         parts = []
         for start in range(0, student_hidden.shape[0], heads.chunk_size):
             rows = slice(start, start + heads.chunk_size)
-            h = student_hidden[rows].detach().requires_grad_(eager)
-            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], eager)
+            h, z_s, terms = grads.project(student_hidden[rows], teacher_hidden[rows])
             if eager:
-                (grad_h[rows],) = torch.autograd.grad(z_s, h, terms.grad.to(z_s.dtype))
+                grads.add(rows, h, z_s, terms.grad)
             del z_s, terms.grad
             parts.append(terms)
-        ctx.heads, ctx.want_hidden, ctx.n_params, ctx.grad_h = heads, want_hidden, len(params), grad_h
+        ctx.heads, ctx.want_hidden, ctx.n_params, ctx.grad_h = heads, want_hidden, len(params), grads.hidden
         if not eager and (want_hidden or params):
             ctx.save_for_backward(student_hidden, teacher_hidden, *params)
         stats = [torch.cat([getattr(t, k) for t in parts]) for k in _STAT_FIELDS]
@@ -431,20 +508,14 @@ class _RowDivergence(torch.autograd.Function):
         if not ctx.saved_tensors:
             return (*none, *([None] * ctx.n_params))
         student_hidden, teacher_hidden, *params = ctx.saved_tensors
-        heads, want_hidden = ctx.heads, ctx.want_hidden
-        grad_h = torch.zeros_like(student_hidden) if want_hidden else None
-        grad_p: list[torch.Tensor | None] = [None] * len(params)
-        for start in range(0, student_hidden.shape[0], heads.chunk_size):
-            rows = slice(start, start + heads.chunk_size)
-            h = student_hidden[rows].detach().requires_grad_(want_hidden)
-            z_s, terms = _project_chunk(heads, h, teacher_hidden[rows], True)
-            g = terms.grad.mul_(grad_div[rows].unsqueeze(1).float()).to(z_s.dtype)
-            grads = torch.autograd.grad(z_s, ([h] if want_hidden else []) + params, g, allow_unused=True)
-            if want_hidden:
-                grad_h[rows] = grads[0]
-            _accumulate(grad_p, grads, int(want_hidden))
-        out_p = [torch.zeros_like(p) if g is None else g.to(p.dtype) for g, p in zip(grad_p, params)]
-        return (grad_h, None, None, None, *out_p)
+        grads = _StudentGrads(ctx.heads, student_hidden, ctx.want_hidden, params)
+        for start in range(0, student_hidden.shape[0], ctx.heads.chunk_size):
+            rows = slice(start, start + ctx.heads.chunk_size)
+            h, z_s, terms = grads.project(student_hidden[rows], teacher_hidden[rows])
+            grads.add(rows, h, z_s, terms.grad.mul_(grad_div[rows].unsqueeze(1).float()))
+            del z_s, terms.grad
+        out_p = [torch.zeros_like(p) if g is None else g.to(p.dtype) for g, p in zip(grads.head, params)]
+        return (grads.hidden, None, None, None, *out_p)
 
 
 _STAT_FIELDS = tuple(f.name for f in fields(ChunkedDivergence))

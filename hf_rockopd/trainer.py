@@ -79,6 +79,10 @@ def _logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     config = model.config.get_text_config()
     scale = getattr(config, "logit_scale", None)
     softcap = getattr(config, "final_logit_softcapping", None)
+    if (scale is None or scale == 1.0) and softcap is None:
+        # The module itself, not a closure: a bare `nn.Linear` head gets the loss's hand-written, in-place gradient
+        # (one (V, H) buffer instead of one per chunk, see `losses._StudentGrads`).
+        return head
 
     def fn(hidden: torch.Tensor) -> torch.Tensor:
         logits = head(hidden)
