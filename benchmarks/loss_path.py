@@ -12,7 +12,10 @@ the student's head trainable, a 0/1 weight per position with the frozen fraction
   _chunked_divergence_loss`, which its `_compute_loss` calls), with frozen positions out of the completion mask.
 
 With frozen positions, `rockopd_uniform` (ours with every weight 1) is timed in the same process, so "frozen vs our own
-uniform time" is a paired comparison too.
+uniform time" is a paired comparison too. With `--divergence-path`, `rockopd_divergence` is timed beside them: our
+`hf_rockopd.losses.chunked_divergence` (per-row divergences that stay differentiable), then the weighted sum, the path
+`RockOPDTrainer` takes for policies that weight tokens by this step's divergence or entropy (`loss_quantile`,
+`entropy`). It must agree with ours like an anchor, and its float64 distance must be within the tolerance too.
 
 Each case runs in fresh subprocesses: one per implementation for peak memory (RSS high-water mark since a reset,
 minus the RSS at the reset, see `benchmarks.memory`), then one for time, where the implementations are interleaved
@@ -48,6 +51,8 @@ __all__ = [
 ]
 
 IMPLEMENTATIONS = ("rockopd", "gkd", "distillation")
+# Our second loss path (weights decided from the divergence), benchmarked with `--divergence-path`.
+DIVERGENCE_PATH = "rockopd_divergence"
 GIB = 1024**3
 # Relative tolerances of the agreement check (loss, and gradient in L2 norm) against ours.
 LOSS_RTOL = 1e-5
@@ -144,6 +149,22 @@ def _rockopd_loss(inputs: dict, case: LossCase, uniform: bool = False) -> torch.
     return loss
 
 
+def _rockopd_divergence_loss(inputs: dict, case: LossCase) -> torch.Tensor:
+    from hf_rockopd.losses import chunked_divergence
+
+    grad_rows = (inputs["weights"] > 0).reshape(-1)
+    out = chunked_divergence(
+        inputs["h_s"][grad_rows],
+        inputs["h_t"][grad_rows],
+        inputs["head_s"],
+        inputs["head_t"],
+        beta=case.beta,
+        temperature=1.0,
+        chunk_size=case.chunk_size,
+    )
+    return (out.divergence * inputs["weights"].reshape(-1)[grad_rows]).sum() / case.rows
+
+
 def _gkd_loss(inputs: dict, case: LossCase) -> torch.Tensor:
     from trl.experimental.gkd import GKDTrainer
 
@@ -177,6 +198,7 @@ def _distillation_loss(inputs: dict, case: LossCase) -> torch.Tensor:
 _LOSSES = {
     "rockopd": _rockopd_loss,
     "rockopd_uniform": lambda inputs, case: _rockopd_loss(inputs, case, uniform=True),
+    DIVERGENCE_PATH: _rockopd_divergence_loss,
     "gkd": _gkd_loss,
     "distillation": _distillation_loss,
 }
@@ -193,9 +215,18 @@ def run_once(impl: str, inputs: dict, case: LossCase) -> dict:
     return {"loss": loss.detach(), "grad_h": inputs["h_s"].grad, "grad_w": inputs["head_s"].weight.grad}
 
 
+_REL_BLOCK = 2**22  # entries per float64 block: a (V, H) head gradient in float64 is 2.5 GB at the Qwen3 head
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+    """`‖a − b‖ / ‖b‖` in float64, a block at a time, so that comparing head gradients adds no head-sized copy."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    diff = ref = 0.0
+    for start in range(0, b.numel(), _REL_BLOCK):
+        a_blk, b_blk = a[start : start + _REL_BLOCK].double(), b[start : start + _REL_BLOCK].double()
+        diff += float((a_blk - b_blk).square().sum())
+        ref += float(b_blk.square().sum())
+    return math.sqrt(diff) / max(math.sqrt(ref), 1e-30)
 
 
 def relative_differences(result: dict, reference: dict) -> dict:
@@ -223,22 +254,31 @@ def check_agreement(result: dict, reference: dict, impl: str, against: str = "ro
     return diffs
 
 
-def reference_float64(inputs: dict, case: LossCase, rows_per_chunk: int = 256) -> dict:
+def reference_float64(inputs: dict, case: LossCase, rows_per_chunk: int = 256, vocab_block: int = 16384) -> dict:
     """The weighted loss and its gradients in float64, from the definition (log-softmax, KL, mixture) and autograd,
-    chunk by chunk: the referee when a float32 anchor and ours differ by more than the tolerance."""
-    h_s = inputs["h_s"].detach().double()
-    h_t = inputs["h_t"].detach().double()
-    w_s = inputs["head_s"].weight.detach().double().requires_grad_(True)
-    w_t = inputs["head_t"].weight.detach().double()
+    chunk by chunk: the referee when a float32 anchor and ours differ by more than the tolerance.
+
+    Autograd goes from the loss to each chunk's float64 logits; the head's chain rule (`g W`, `gᵀ h`) is applied by
+    hand, a vocabulary block at a time, so no float64 copy of a head exists: at the Qwen3 head (V = 151,936,
+    H = 2048) one is 2.5 GB, and three of them broke the timing process's memory cap."""
+    h_s, h_t = inputs["h_s"].detach(), inputs["h_t"].detach()
+    w_s, w_t = inputs["head_s"].weight.detach(), inputs["head_t"].weight.detach()
     weights = inputs["weights"].reshape(-1).double()
-    beta = case.beta
+    beta, vocab = case.beta, w_s.shape[0]
+    blocks = [slice(v, v + vocab_block) for v in range(0, vocab, vocab_block)]
+
+    def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = h.double()
+        return torch.cat([h @ w[blk].double().T for blk in blocks], dim=1)
+
     loss = torch.zeros((), dtype=torch.float64)
-    grad_h = torch.zeros_like(h_s)
+    grad_h = torch.zeros(h_s.shape, dtype=torch.float64)
+    grad_w = torch.zeros(w_s.shape, dtype=torch.float64)
     for start in range(0, case.rows, rows_per_chunk):
         rows = slice(start, start + rows_per_chunk)
-        h = h_s[rows].clone().requires_grad_(True)
-        ls = torch.log_softmax(h @ w_s.T, dim=-1)
-        lt = torch.log_softmax(h_t[rows] @ w_t.T, dim=-1)
+        z_s = project(h_s[rows], w_s).requires_grad_(True)
+        ls = torch.log_softmax(z_s, dim=-1)
+        lt = torch.log_softmax(project(h_t[rows], w_t), dim=-1)
         if beta == 0.0:
             div = (lt.exp() * (lt - ls)).sum(-1)
         elif beta == 1.0:
@@ -247,10 +287,14 @@ def reference_float64(inputs: dict, case: LossCase, rows_per_chunk: int = 256) -
             lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
             div = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
         part = (div * weights[rows]).sum() / case.rows
-        part.backward()
-        grad_h[rows] = h.grad
+        (g,) = torch.autograd.grad(part, z_s)
+        del ls, lt, div
+        h = h_s[rows].double()
+        for blk in blocks:
+            grad_h[rows] += g[:, blk] @ w_s[blk].double()
+            grad_w[blk] += g[:, blk].T @ h
         loss += part.detach()
-    return {"loss": loss, "grad_h": grad_h, "grad_w": w_s.grad}
+    return {"loss": loss, "grad_h": grad_h, "grad_w": grad_w}
 
 
 # ----------------------------------------------------------------------------------------------------- workers ----
@@ -277,19 +321,34 @@ def _worker_time(case: LossCase, impls: list[str], repeats: int, budget: int) ->
 
     inputs = make_inputs(case)
     cap_address_space(budget)
-    # Warm-up round, also the agreement check (the first implementation is ours).
-    results = {impl: run_once(impl, inputs, case) for impl in impls}
-    results = {impl: {k: v.clone() for k, v in r.items()} for impl, r in results.items()}
-    loss = results["rockopd"]["loss"]
-    anchors = [impl for impl in impls if impl in ("gkd", "distillation")]
-    agreement = {impl: relative_differences(results[impl], results["rockopd"]) for impl in anchors}
+    # Warm-up round, also the agreement check (the first implementation is ours). Only ours and the one being compared
+    # are held at a time: at the Qwen3 head each result carries a 1.2 GiB head gradient.
+    if impls[0] != "rockopd":
+        raise ValueError(f"The timing run compares with ours, so it must come first; got {impls}.")
+    ours = _detached(run_once("rockopd", inputs, case))
+    loss = ours["loss"]
+    anchors = [impl for impl in impls if impl in ("gkd", "distillation", DIVERGENCE_PATH)]
+    agreement = {}
+    for impl in impls[1:]:
+        result = run_once(impl, inputs, case)
+        if impl in anchors:
+            agreement[impl] = relative_differences(result, ours)
+        del result
     referee = {}
     if any(_over_tolerance(d) for d in agreement.values()):
         # An anchor and ours differ by more than the tolerance: float64 decides which one is off. Ours must be within
         # the tolerance of it (else the run fails); an anchor that is not is reported (and printed), not excused.
+        # Each implementation is run again for the comparison (they are deterministic) rather than held.
         exact = reference_float64(inputs, case)
-        referee = {impl: relative_differences(results[impl], exact) for impl in ["rockopd", *anchors]}
-        check_agreement(results["rockopd"], exact, "rockopd", against="the float64 reference")
+        referee["rockopd"] = relative_differences(ours, exact)
+        check_agreement(ours, exact, "rockopd", against="the float64 reference")
+        ours = None  # GKD's run below needs the room
+        for impl in anchors:
+            referee[impl] = relative_differences(run_once(impl, inputs, case), exact)
+        if DIVERGENCE_PATH in anchors and _over_tolerance(referee[DIVERGENCE_PATH]):
+            raise AgreementError(
+                f"{DIVERGENCE_PATH} disagrees with the float64 reference: {_over_tolerance(referee[DIVERGENCE_PATH])}"
+            )
         for impl in anchors:
             if _over_tolerance(agreement[impl]):
                 print(
@@ -297,7 +356,8 @@ def _worker_time(case: LossCase, impls: list[str], repeats: int, budget: int) ->
                     f"{impl} {referee[impl]}, ours {referee['rockopd']}",
                     file=sys.stderr,
                 )
-    results = None
+        exact = None
+    ours = None
     times: dict[str, list[float]] = {impl: [] for impl in impls}
     for r in range(repeats):
         order = impls[r % len(impls) :] + impls[: r % len(impls)]
@@ -306,6 +366,11 @@ def _worker_time(case: LossCase, impls: list[str], repeats: int, budget: int) ->
             run_once(impl, inputs, case)
             times[impl].append(time.perf_counter() - start)
     return {"times": times, "agreement": agreement, "referee": referee, "loss": float(loss)}
+
+
+def _detached(result: dict) -> dict:
+    """A copy of `run_once`'s result that the next run does not overwrite."""
+    return {k: v.detach().clone() for k, v in result.items()}
 
 
 def _spawn(mode: str, payload: dict, timeout: float) -> dict:
@@ -351,6 +416,7 @@ def run_case(
     calibration: _Calibration | None = None,
     timeout: float = 1800,
     measure_time: bool = True,
+    divergence_path: bool = False,
 ) -> dict:
     """Memory of every implementation (fresh process each), then paired, interleaved times; one JSON-able record.
 
@@ -364,6 +430,7 @@ def run_case(
     """
     calibration = calibration or _Calibration()
     impls = list(IMPLEMENTATIONS) + (["rockopd_uniform"] if case.frozen > 0 else [])
+    impls += [DIVERGENCE_PATH] if divergence_path else []
     record: dict = {"case": asdict(case), "status": {}, "peak_bytes": {}, "reason": {}}
     for impl in impls:
         predicted = calibration.predict(case) if impl == "gkd" else None
@@ -387,6 +454,14 @@ def run_case(
         raise RuntimeError(f"Our own loss path did not run on {case}: {record['reason'].get('rockopd')}")
     if measure_time:
         out = _spawn("time", {"case": asdict(case), "impls": runnable, "budget": budget, "repeats": repeats}, timeout)
+        if out.get("status") == "OOM" and "gkd" in runnable:
+            # The timing process holds the inputs, our result and one anchor's at once, more than any memory run: time
+            # the others without GKD (the largest) rather than lose the case. The table shows GKD's time as OOM.
+            record["time_status"] = {"gkd": "OOM"}
+            record["reason"]["gkd_time"] = out["reason"]
+            runnable = [impl for impl in runnable if impl != "gkd"]
+            print(f"GKD's timing run of {case} ran out of memory; timing the others without it", file=sys.stderr)
+            out = _spawn("time", {"case": asdict(case), "impls": runnable, "budget": budget, "repeats": repeats}, timeout)
         if out.get("status") in ("OOM", "timeout"):
             raise RuntimeError(f"The timing run of {case} failed after its memory runs passed: {out['reason']}")
         record["times"] = out["times"]
@@ -398,16 +473,22 @@ def run_case(
 
 
 def ratios(record: dict) -> dict:
-    """Ours over each anchor (time and memory), and frozen over our own uniform time, from one record."""
+    """Ours over each anchor (time and memory), frozen over our own uniform time, and our divergence path over our
+    fused loss, from one record. A ratio over a zero (a tiny case's memory can stay under the RSS resolution) is left
+    out."""
     out = {}
     med, mem = record.get("median_s", {}), record["peak_bytes"]
+
+    def put(key: str, values: dict, num: str, den: str) -> None:
+        if num in values and values.get(den):
+            out[key] = values[num] / values[den]
+
+    put("divergence_path_vs_fused_time", med, DIVERGENCE_PATH, "rockopd")
+    put("divergence_path_vs_fused_mem", mem, DIVERGENCE_PATH, "rockopd")
     for anchor in ("gkd", "distillation"):
-        if anchor in med:
-            out[f"time_vs_{anchor}"] = med["rockopd"] / med[anchor]
-        if anchor in mem:
-            out[f"mem_vs_{anchor}"] = mem["rockopd"] / mem[anchor]
-    if "rockopd_uniform" in med:
-        out["time_vs_own_uniform"] = med["rockopd"] / med["rockopd_uniform"]
+        put(f"time_vs_{anchor}", med, "rockopd", anchor)
+        put(f"mem_vs_{anchor}", mem, "rockopd", anchor)
+    put("time_vs_own_uniform", med, "rockopd", "rockopd_uniform")
     return out
 
 
@@ -438,11 +519,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-gib", type=float, default=12.0, help="memory cap per case and implementation")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases of the grid")
     parser.add_argument(
+        "--divergence-path",
+        action="store_true",
+        help="also time our chunked_divergence path (the loss_quantile and entropy policies' loss)",
+    )
+    parser.add_argument(
         "--case",
         action="append",
         default=None,
-        metavar="H,V,B,L,BETA,FROZEN[,memory]",
-        help="run these cases instead of the grid (repeatable); a trailing ',memory' measures memory only",
+        metavar="H,V,B,L,BETA,FROZEN[,CHUNK][,memory]",
+        help="run these cases instead of the grid (repeatable); CHUNK is our loss_chunk_size (default 512); a "
+        "trailing ',memory' measures memory only",
     )
     args = parser.parse_args(argv)
     if args.worker:
@@ -462,7 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     for i, (case, timed) in enumerate(sorted(cases, key=lambda c: (c[0].vocab, c[0].length))):
         try:
-            record = run_case(case, args.repeats, int(args.budget_gib * GIB), calibration, measure_time=timed)
+            record = run_case(
+                case,
+                args.repeats,
+                int(args.budget_gib * GIB),
+                calibration,
+                measure_time=timed,
+                divergence_path=args.divergence_path,
+            )
         except AgreementError as err:
             failures.append(str(err))
             record = {"case": asdict(case), "agreement_error": str(err)}
@@ -477,18 +571,33 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse_case(spec: str) -> tuple[LossCase, bool]:
+    """`H,V,B,L,BETA,FROZEN[,CHUNK][,memory]` -> `(case, timed)`.
+
+    Example:
+    ```python
+    >>> from benchmarks.loss_path import _parse_case
+    >>> case, timed = _parse_case("2048,151936,4,256,1.0,0.0,256,memory")
+    >>> case.chunk_size, timed
+    (256, False)
+    ```
+    """
     parts = spec.split(",")
     timed = parts[-1] != "memory"
     nums = parts if timed else parts[:-1]
-    if len(nums) != 6:
-        raise SystemExit(f"--case wants H,V,B,L,BETA,FROZEN[,memory], got {spec!r}.")
-    h, v, b, length = (int(x) for x in nums[:4])
-    return LossCase(h, v, b, length, float(nums[4]), float(nums[5])), timed
+    if len(nums) not in (6, 7):
+        raise SystemExit(f"--case wants H,V,B,L,BETA,FROZEN[,CHUNK][,memory], got {spec!r}.")
+    try:
+        h, v, b, length = (int(x) for x in nums[:4])
+        chunk = int(nums[6]) if len(nums) == 7 else 512
+        case = LossCase(h, v, b, length, float(nums[4]), float(nums[5]), chunk_size=chunk)
+    except ValueError as err:
+        raise SystemExit(f"--case {spec!r}: {err} (want H,V,B,L,BETA,FROZEN[,CHUNK][,memory]).") from None
+    return case, timed
 
 
 def _summary(record: dict) -> str:
     c = record["case"]
-    head = f"H={c['hidden']} V={c['vocab']} L={c['length']} beta={c['beta']} frozen={c['frozen']}"
+    head = f"H={c['hidden']} V={c['vocab']} L={c['length']} beta={c['beta']} frozen={c['frozen']} chunk={c['chunk_size']}"
     if "agreement_error" in record:
         return f"{head}: AGREEMENT ERROR {record['agreement_error']}"
     parts = []
@@ -513,12 +622,38 @@ def _write(path: str, records: list[dict], args: argparse.Namespace) -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
         "budget_gib": args.budget_gib,
         "repeats": args.repeats,
         "full_grid": args.full,
     }
     with open(path, "w") as f:
         json.dump({"meta": meta, "records": records}, f, indent=1)
+
+
+def cpu_description() -> str:
+    """CPU model and its vector/matrix extensions (ratios between runs on different CPUs of one kind differ).
+
+    Example:
+    ```python
+    >>> from benchmarks.loss_path import cpu_description
+    >>> isinstance(cpu_description(), str)
+    True
+    ```
+    """
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isa = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+    return f"{model}; {' '.join(isa) or 'no AVX2/AVX-512/AMX flags'}"
 
 
 if __name__ == "__main__":

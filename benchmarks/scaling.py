@@ -38,6 +38,8 @@ def _points(records: list[dict], impl: str, quantity: str) -> list[tuple[int, in
         # beta 0 and 1 run the same operations (two log-softmaxes and one KL); the mixture is another family.
         if (c["hidden"], c["vocab"]) != shape or c["beta"] not in (0.0, 1.0) or c["frozen"] != 0.0:
             continue
+        if c.get("chunk_size", 512) != 512:  # another chunk is another memory floor, not a point of the sweep
+            continue
         if impl in r.get(key, {}):
             out.append((c["batch"] * c["length"] * c["vocab"], c["length"], r[key][impl]))
     return sorted(out)

@@ -26,7 +26,8 @@ def _mem(record: dict, impl: str) -> str:
 def _time(record: dict, impl: str) -> str:
     t = record.get("median_s", {}).get(impl)
     if t is None:
-        return "OOM" if record.get("status", {}).get(impl) == "OOM" else "—"
+        statuses = (record.get("status", {}).get(impl), record.get("time_status", {}).get(impl))
+        return "OOM" if "OOM" in statuses else "—"
     return f"{t:.2f}"
 
 
@@ -39,13 +40,19 @@ def _referee(record: dict) -> str:
 
 
 def loss_path_table(records: list[dict]) -> str:
-    """One row per case: median time (s) and peak memory (GiB) per implementation, ratios, agreement."""
-    head = (
-        "| H | V | L | beta | frozen | ours s | GKD s | Distill s | ours uniform s | ours GiB | GKD GiB | Distill GiB "
-        "| time ours/GKD | time ours/Distill | time frozen/uniform | mem ours/GKD | mem ours/Distill | max rel. diff | vs float64: ours / GKD / Distill |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    rows = []
+    """One row per case: median time (s) and peak memory (GiB) per implementation, ratios, agreement.
+
+    A `chunk` column appears when some case ran with another `loss_chunk_size` than 512, and columns of our divergence
+    path (`--divergence-path`) when some case timed or measured it."""
+    with_chunk = any(r["case"].get("chunk_size", 512) != 512 for r in records)
+    with_div = any("rockopd_divergence" in r.get("status", {}) for r in records)
+    cols = ["H", "V", "L", "beta", "frozen"] + (["chunk"] if with_chunk else [])
+    cols += ["ours s", "GKD s", "Distill s", "ours uniform s"] + (["ours div. path s"] if with_div else [])
+    cols += ["ours GiB", "GKD GiB", "Distill GiB"] + (["ours div. path GiB"] if with_div else [])
+    cols += ["time ours/GKD", "time ours/Distill", "time frozen/uniform", "mem ours/GKD", "mem ours/Distill"]
+    cols += ["time div. path/ours", "mem div. path/ours"] if with_div else []
+    cols += ["max rel. diff", "vs float64: ours / GKD / Distill"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in records:
         c, q = r["case"], r.get("ratios", {})
         diffs = [v for a in r.get("agreement", {}).values() for v in a.values()]
@@ -53,14 +60,18 @@ def loss_path_table(records: list[dict]) -> str:
         def ratio(key: str) -> str:
             return f"{q[key]:.2f}" if key in q else "—"
 
-        rows.append(
-            f"| {c['hidden']} | {c['vocab']} | {c['length']} | {c['beta']} | {c['frozen']} | {_time(r, 'rockopd')} "
-            f"| {_time(r, 'gkd')} | {_time(r, 'distillation')} | {_time(r, 'rockopd_uniform')} | {_mem(r, 'rockopd')} "
-            f"| {_mem(r, 'gkd')} | {_mem(r, 'distillation')} | {ratio('time_vs_gkd')} | {ratio('time_vs_distillation')} "
-            f"| {ratio('time_vs_own_uniform')} | {ratio('mem_vs_gkd')} | {ratio('mem_vs_distillation')} "
-            f"| {f'{max(diffs):.1e}' if diffs else '—'} | {_referee(r)} |"
-        )
-    return head + "\n".join(rows)
+        cells = [str(c[k]) for k in ("hidden", "vocab", "length", "beta", "frozen")]
+        cells += [str(c.get("chunk_size", 512))] if with_chunk else []
+        cells += [_time(r, i) for i in ("rockopd", "gkd", "distillation", "rockopd_uniform")]
+        cells += [_time(r, "rockopd_divergence")] if with_div else []
+        cells += [_mem(r, i) for i in ("rockopd", "gkd", "distillation")]
+        cells += [_mem(r, "rockopd_divergence")] if with_div else []
+        cells += [ratio(k) for k in ("time_vs_gkd", "time_vs_distillation", "time_vs_own_uniform", "mem_vs_gkd")]
+        cells += [ratio("mem_vs_distillation")]
+        cells += [ratio("divergence_path_vs_fused_time"), ratio("divergence_path_vs_fused_mem")] if with_div else []
+        cells += [f"{max(diffs):.1e}" if diffs else "—", _referee(r)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def train_step_table(result: dict) -> str:

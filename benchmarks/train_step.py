@@ -209,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(results[name]["median"]), flush=True)
     ours, gkd = results["rockopd"]["median"], results["gkd"]["median"]
     results["ratios"] = {k: ours[k] / gkd[k] for k in ours if gkd[k]}
+    from benchmarks.loss_path import cpu_description
+
     results["meta"] = {
         "pair": args.pair, "steps": args.steps, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "seed": args.seed, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cpu_description(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python", "-m", "benchmarks.train_step", *(argv if argv is not None else sys.argv[1:])]),
     }  # fmt: skip

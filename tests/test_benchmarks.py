@@ -1,6 +1,7 @@
 """The loss-path benchmark's implementations compute the same loss, and its agreement check catches a wrong one."""
 
 import json
+import math
 import os
 import sys
 
@@ -10,7 +11,17 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks.loss_path import AgreementError, LossCase, check_agreement, make_inputs, ratios, run_once  # noqa: E402
+from benchmarks.loss_path import (  # noqa: E402
+    DIVERGENCE_PATH,
+    AgreementError,
+    LossCase,
+    _parse_case,
+    check_agreement,
+    make_inputs,
+    ratios,
+    run_case,
+    run_once,
+)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
@@ -24,6 +35,118 @@ def test_anchors_agree_with_ours(beta, frozen):
     for anchor in ("gkd", "distillation"):
         diffs = check_agreement(run_once(anchor, inputs, case), ours, anchor)
         assert max(diffs.values()) <= 1e-5
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_divergence_path_agrees_with_the_fused_loss(beta):
+    case = LossCase(hidden=16, vocab=64, batch=2, length=24, beta=beta, frozen=0.5, chunk_size=5)
+    inputs = make_inputs(case)
+    fused = {k: v.clone() for k, v in run_once("rockopd", inputs, case).items()}
+    diffs = check_agreement(run_once(DIVERGENCE_PATH, inputs, case), fused, DIVERGENCE_PATH)
+    assert max(diffs.values()) <= 1e-5
+    # Frozen rows carry no gradient on either path.
+    frozen_rows = (inputs["weights"] == 0).reshape(-1)
+    assert float(fused["grad_h"][frozen_rows].abs().max()) == 0.0
+
+
+def test_run_case_times_the_divergence_path_on_request():
+    from benchmarks.tables import loss_path_table
+
+    case = LossCase(hidden=16, vocab=64, batch=2, length=8, beta=1.0, frozen=0.0, chunk_size=4)
+    record = run_case(case, repeats=1, divergence_path=True)
+    assert record["status"][DIVERGENCE_PATH] == "ok"
+    assert set(record["agreement"]) == {"gkd", "distillation", DIVERGENCE_PATH}
+    assert max(record["agreement"][DIVERGENCE_PATH].values()) <= 1e-5
+    record["ratios"] = ratios(record)
+    assert record["ratios"]["divergence_path_vs_fused_time"] == pytest.approx(
+        record["median_s"][DIVERGENCE_PATH] / record["median_s"]["rockopd"]
+    )
+    table = loss_path_table([record]).splitlines()
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    row = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert len(header) == len(row) and "chunk" in header and "ours div. path s" in header
+    assert row[header.index("chunk")] == "4"
+    assert float(row[header.index("time div. path/ours")]) == pytest.approx(
+        record["ratios"]["divergence_path_vs_fused_time"], abs=0.006
+    )
+
+
+def test_a_timing_run_out_of_memory_is_retried_without_gkd(monkeypatch):
+    from benchmarks import loss_path
+    from benchmarks.tables import loss_path_table
+
+    calls = []
+
+    def fake_spawn(mode, payload, timeout):
+        calls.append((mode, payload.get("impls", payload.get("impl"))))
+        if mode == "memory":
+            return {"status": "ok", "peak_bytes": 2**30, "baseline_bytes": 0}
+        if "gkd" in payload["impls"]:
+            return {"status": "OOM", "reason": "worker died (rc 1): can't allocate memory"}
+        times = {impl: [1.0] for impl in payload["impls"]}
+        return {"times": times, "agreement": {}, "referee": {}, "loss": 0.5}
+
+    monkeypatch.setattr(loss_path, "_spawn", fake_spawn)
+    record = loss_path.run_case(LossCase(16, 64, 2, 8, 1.0, 0.0), repeats=1)
+    assert calls[-2:] == [("time", ["rockopd", "gkd", "distillation"]), ("time", ["rockopd", "distillation"])]
+    assert record["time_status"] == {"gkd": "OOM"} and "can't allocate" in record["reason"]["gkd_time"]
+    assert set(record["median_s"]) == {"rockopd", "distillation"}
+    record["ratios"] = ratios(record)
+    assert "time_vs_gkd" not in record["ratios"] and record["ratios"]["mem_vs_gkd"] == 1.0
+    row = loss_path_table([record]).splitlines()[2].strip("|").split("|")
+    assert row[6].strip() == "OOM"  # GKD's time; its memory (column 10) was measured
+    assert row[10].strip() == "1.000"
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_float64_reference_matches_autograd_through_the_head(beta):
+    from benchmarks.loss_path import reference_float64
+
+    case = LossCase(hidden=8, vocab=50, batch=2, length=5, beta=beta, frozen=0.3)
+    inputs = make_inputs(case)
+    # Blocks of 16 over 50 vocabulary entries and chunks of 3 over 10 rows: ragged last block and chunk.
+    exact = reference_float64(inputs, case, rows_per_chunk=3, vocab_block=16)
+    h = inputs["h_s"].detach().double().requires_grad_(True)
+    w = inputs["head_s"].weight.detach().double().requires_grad_(True)
+    ls = torch.log_softmax(h @ w.T, -1)
+    lt = torch.log_softmax(inputs["h_t"].double() @ inputs["head_t"].weight.double().T, -1)
+    if beta == 0.0:
+        div = (lt.exp() * (lt - ls)).sum(-1)
+    elif beta == 1.0:
+        div = (ls.exp() * (ls - lt)).sum(-1)
+    else:
+        lm = torch.logsumexp(torch.stack([ls + math.log(1 - beta), lt + math.log(beta)]), 0)
+        div = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
+    loss = (div * inputs["weights"].reshape(-1).double()).sum() / case.rows
+    loss.backward()
+    assert float(exact["loss"]) == pytest.approx(float(loss), rel=1e-12)
+    torch.testing.assert_close(exact["grad_h"], h.grad, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(exact["grad_w"], w.grad, rtol=1e-10, atol=1e-14)
+    ours = run_once("rockopd", inputs, case)
+    assert max(check_agreement(ours, exact, "rockopd").values()) <= 1e-5
+
+
+def test_relative_difference_is_blockwise_exact(monkeypatch):
+    from benchmarks import loss_path
+
+    a, b = torch.randn(1000, dtype=torch.float64), torch.randn(1000, dtype=torch.float64)
+    whole = float((a - b).norm() / b.norm())
+    monkeypatch.setattr(loss_path, "_REL_BLOCK", 64)
+    assert loss_path._rel(a.float(), b.float()) == pytest.approx(whole, rel=1e-6)
+    assert loss_path._rel(b, b) == 0.0
+
+
+def test_case_spec_parses_chunk_and_memory_only():
+    case, timed = _parse_case("576,49152,4,256,0.5,0.2")
+    assert (case.hidden, case.vocab, case.length, case.beta, case.frozen, case.chunk_size, timed) == (
+        576, 49152, 256, 0.5, 0.2, 512, True
+    )
+    case, timed = _parse_case("2048,151936,4,256,1.0,0.0,256,memory")
+    assert (case.chunk_size, timed) == (256, False)
+    with pytest.raises(SystemExit, match="H,V,B,L,BETA,FROZEN"):
+        _parse_case("576,49152,4,256")
+    with pytest.raises(SystemExit, match="chunk_size must be >= 1, got 0"):
+        _parse_case("576,49152,4,256,1.0,0.0,0")
 
 
 def test_agreement_check_catches_a_wrong_loss_and_gradient():
