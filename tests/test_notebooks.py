@@ -45,8 +45,26 @@ def _prompts_file(tmp_path) -> str:
     if os.path.isfile(GSM8K):
         return os.path.abspath(GSM8K)
     path = tmp_path / "gsm8k.jsonl"
-    rows = [{"question": f"Tom has {i} apples and buys {i + 2} more. How many now?", "answer": f"#### {2 * i + 2}"}
-            for i in range(64)]
+    # Varied wording, so the generations (and the rock-token statistics over them) see many token types, as GSM8K's
+    # do: one repeated template left too few types for the analysis notebook's top-k.
+    names = ["Tom", "Maria", "Aiko", "Liam", "Priya", "Omar", "Greta", "Chen"]
+    templates = [
+        ("{n} has {a} apples and buys {b} more. How many apples does {n} have now?", lambda a, b: a + b),
+        ("A baker makes {a} loaves each hour for {b} hours. How many loaves is that?", lambda a, b: a * b),
+        ("{n} reads {a} pages on Monday and {b} pages on Tuesday. How many pages in total?", lambda a, b: a + b),
+        ("A train travels {a} miles per hour. How far does it go in {b} hours?", lambda a, b: a * b),
+        ("{n} had {a} dollars and spent {b} dollars on lunch. How much money is left?", lambda a, b: a - b),
+        ("Each box holds {b} pencils. How many boxes are needed for {a} pencils, if every box is full?",
+         lambda a, b: a // b),
+        ("There are {a} students and {b} of them walk to school. How many do not walk?", lambda a, b: a - b),
+        ("{n} plants {b} rows of {a} tulips in the garden. How many tulips were planted?", lambda a, b: a * b),
+    ]
+    rows = []
+    for i in range(64):
+        template, solve = templates[i % len(templates)]
+        b = 2 + i % 5
+        a = b * (3 + i)
+        rows.append({"question": template.format(n=names[i % len(names)], a=a, b=b), "answer": f"#### {solve(a, b)}"})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
