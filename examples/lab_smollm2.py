@@ -22,12 +22,12 @@ from hf_rockopd.analysis import (
     collect_token_table,
     gradient_geometry,
     knockout,
-    load_problems,
     load_prompts,
     load_token_table,
     score_token_table,
     stability_sweep,
 )
+from hf_rockopd.evaluation import load_gsm8k_problems
 from hf_rockopd.models import load_gguf_causal_lm, prune_decoder_layers, smollm2_gguf_path
 from hf_rockopd.report import build_report
 
@@ -87,7 +87,7 @@ def main() -> None:
     knockout_path = None
     if args.knockout_top > 0:
         start = time.time()
-        problems = load_problems(args.prompts, limit=args.limit + args.knockout_problems)[args.limit :]
+        problems = load_gsm8k_problems(args.prompts, limit=args.limit + args.knockout_problems)[args.limit :]
         verdicts = knockout(student, tokenizer, problems, result.rock_ids[: args.knockout_top],
                             max_new_tokens=args.knockout_max_new_tokens, batch_size=args.knockout_problems)
         knockout_path = os.path.join(args.out, "knockout.csv")

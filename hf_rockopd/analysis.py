@@ -42,7 +42,7 @@ import torch
 from scipy import stats
 from transformers.utils import logging
 
-from .evaluation import extract_numeric_answer  # one answer extraction for the knockout and `hf-rockopd eval`
+from .evaluation import extract_numeric_answer, load_gsm8k_problems  # one parser for the knockout and `hf-rockopd eval`
 from .losses import logit_grad_norm, per_token_divergence, per_token_entropy
 from .rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 
@@ -1010,20 +1010,8 @@ def paired_bootstrap(
 # Causal knockout: ban one token at inference and measure accuracy
 # ---------------------------------------------------------------------------------------------------------------------
 
-def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[tuple[list[dict[str, str]], float]]:
-    """GSM8K-style problems from JSON lines with `question` and `answer` (gold after `####`): `(messages, gold)`."""
-    problems = []
-    for line_no, row in _read_jsonl(path, limit):
-        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{path}, line {line_no}: a problem needs `question` and `answer`, got {keys}.")
-        gold = extract_numeric_answer(str(row["answer"]))
-        if gold is None:
-            raise ValueError(f"{path}, line {line_no}: no numeric answer in {row['answer'][-80:]!r}.")
-        problems.append(([{"role": "user", "content": str(row["question"])}], gold))
-    if not problems:
-        raise ValueError(f"{path} holds no problem.")
-    return problems
+# One GSM8K loader for the knockout and `hf-rockopd eval`: this name is kept for scripts written against it.
+load_problems = load_gsm8k_problems
 
 
 @torch.no_grad()

@@ -148,7 +148,9 @@ def _gradients(args: argparse.Namespace) -> int:
 
 
 def _knockout(args: argparse.Namespace) -> int:
-    problems = analysis.load_problems(args.problems, limit=args.limit)
+    from .evaluation import load_gsm8k_problems
+
+    problems = load_gsm8k_problems(args.problems, limit=args.limit)
     tokenizer = _load_tokenizer(args.tokenizer or args.model)
     model = _load_model(args.model, args)
     ids = load_rock_set(args.rock_set, vocab_size=analysis._model_vocab_size(model))["token_ids"][: args.top]
@@ -304,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = analyze.add_parser("knockout", help="ban each rock at inference; bootstrap p-values, BH q-values")
     p.add_argument("--model", required=True, help="the model to evaluate (directory or Hub id)")
     p.add_argument("--tokenizer", default=None)
-    p.add_argument("--problems", required=True, help="JSON lines with `question` and `answer` (GSM8K)")
+    p.add_argument(
+        "--problems", required=True, help="JSON lines with `question` and `answer` (GSM8K, gold after ####), or openai/gsm8k"
+    )
     p.add_argument("--rock-set", required=True)
     p.add_argument("--top", type=int, default=20, help="ban the first N ids of the rock set, one at a time")
     p.add_argument("--limit", type=int, default=None)
