@@ -2,7 +2,7 @@
 
 A run directory written by `hf-rockopd distill` holds `run_report.json` (models, data, policy, training settings,
 evaluation before and after, `log_history`) and `rock_tokens.json` (the trainer's final rock set). The card is the
-Jinja template `model_cards/rockopd_model_card.md.j2` filled from them: front matter from `ModelCardData` (never
+Jinja template `hf_rockopd/model_card.md.j2` (package data) filled from them: front matter from `ModelCardData` (never
 hand-written YAML), a body with the models, the policy, the rock tokens decoded, the training curves (a PNG written
 next to the card), the evaluation table, how to load the model and the citations.
 
@@ -50,8 +50,8 @@ RUN_REPORT_NAME = "run_report.json"
 ROCK_TOKENS_NAME = "rock_tokens.json"
 CARD_NAME = "README.md"
 CURVES_NAME = "training_curves.png"
-# The template lives in the repository's `model_cards/` folder (an editable install keeps it next to the package).
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_cards" / "rockopd_model_card.md.j2"
+# Shipped inside the package (pyproject's package-data), so a wheel install finds it too, not only a clone.
+TEMPLATE_PATH = Path(__file__).resolve().parent / "model_card.md.j2"
 CARD_TAGS = ("hf_rockopd", "trl", "distillation", "on-policy-distillation", "rock-tokens")
 # `EvalResult` fields in table order (hf_rockopd.evaluation); other scalar keys of a result follow them.
 EVAL_FIELDS = (
@@ -422,7 +422,7 @@ def build_model_card(
             the card. `None` renders no image.
         model_id: the Hub id used in the loading snippet (default: `report["hub_model_id"]`, else a placeholder).
         extra_tags: tags added to the required ones (the trainer's `_tag_names`).
-        template_path: a Jinja template to use instead of `model_cards/rockopd_model_card.md.j2`.
+        template_path: a Jinja template to use instead of the packaged `hf_rockopd/model_card.md.j2`.
 
     Example:
     ```python
@@ -434,8 +434,8 @@ def build_model_card(
     template = Path(template_path) if template_path is not None else TEMPLATE_PATH
     if not template.is_file():
         raise FileNotFoundError(
-            f"Model-card template {template} not found. It ships in the repository's model_cards/ folder: install "
-            "hf_rockopd from a clone with `pip install -e .`, or pass template_path=."
+            f"Model-card template {template} not found. The default ships inside the package (hf_rockopd/"
+            "model_card.md.j2): reinstall hf_rockopd, or pass template_path= to a Jinja template of your own."
         )
     teacher, student = dict(report["teacher"]), dict(report["student"])
     dataset = dict(report.get("dataset") or {})

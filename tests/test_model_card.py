@@ -452,3 +452,28 @@ def test_push_to_hub_uploads_our_card_for_a_lora_student(tmp_path, tokenizer, mo
     assert 'AutoPeftModelForCausalLM.from_pretrained("me/lora-rockopd")' in card.text
     assert "## Rock tokens found" in card.text and "## Citation" in card.text
     assert (tmp_path / "lora-rockopd" / "adapter_model.safetensors").is_file()
+
+
+def test_wheel_ships_the_model_card_template(tmp_path):
+    # A user who installs the wheel (not an editable clone) must still be able to render a card. The wheel is built
+    # from a copy of the sources, so that setuptools' build/ folder is not left in the checkout.
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"
+    shutil.copytree(root / "hf_rockopd", src / "hf_rockopd", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(src), "-w",
+         str(tmp_path / "dist")],
+        check=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("hf_rockopd-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.read("hf_rockopd/model_card.md.j2").decode()
+    assert shipped == (root / "hf_rockopd" / "model_card.md.j2").read_text()
+    assert "{{" in shipped
