@@ -712,8 +712,8 @@ class RandomMatchedPolicy(TokenPolicy):
     Example:
     ```python
     >>> from hf_rockopd.policies import RandomMatchedPolicy
-    >>> counts = {0: 1000, 1: 990, 2: 5, 3: 4, 4: 3}
-    >>> p = RandomMatchedPolicy(rock_set=[0], reference_counts=counts, num_bins=2); p.setup(vocab_size=5)
+    >>> counts = {0: 1000, 1: 990, 2: 5, 3: 4, 4: 3, 5: 2}  # id 1 is the only other id in the top third
+    >>> p = RandomMatchedPolicy(rock_set=[0], reference_counts=counts, num_bins=3); p.setup(vocab_size=6)
     >>> p.rock_ids()
     [1]
     ```
