@@ -281,9 +281,8 @@ def collect_token_table(
             after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
             valid = ~after_eos
             attention = torch.cat([prompt_mask, valid.long()], dim=1)
-            # Logits at position t predict token t + 1: those at prompt_len - 1 ... end - 1 produced the completion.
-            s_logits = student(input_ids=generated, attention_mask=attention).logits[:, prompt_len - 1 : -1]
-            t_logits = teacher(input_ids=generated, attention_mask=attention).logits[:, prompt_len - 1 : -1]
+            s_logits = _completion_logits(student, generated, attention, prompt_len)
+            t_logits = _completion_logits(teacher, generated, attention, prompt_len)
             rows, cols = valid.nonzero(as_tuple=True)
             s, t = s_logits[rows, cols].float(), t_logits[rows, cols].float()
             ids = completion[rows, cols]
@@ -336,6 +335,17 @@ def _logit_gradients(s: torch.Tensor, t: torch.Tensor, beta: float, temperature:
     return s.grad
 
 
+def _completion_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """`(B, end - prompt_len, V)` logits of the positions that produced the completion (`prompt_len - 1 ... end - 2`).
+
+    `logits_to_keep` projects only those positions, never the prompt's: the head is the largest matrix product of a
+    small model (SmolLM2: 49,152 × 576). No position ids are passed, as in the trainer's forward, so a collected
+    divergence is the one training sees.
+    """
+    keep = input_ids.shape[1] - prompt_len + 1
+    return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits[:, -keep:-1]
+
+
 def _part_logits(student, teacher, tokenizer, prompts, part: pd.DataFrame, pad_id: int):
     """Rebuild one collected batch from its rows and re-run both models: `(student, teacher)` logits per row."""
     indices = sorted(int(i) for i in part["prompt_index"].unique())
@@ -352,9 +362,8 @@ def _part_logits(student, teacher, tokenizer, prompts, part: pd.DataFrame, pad_i
     device = next(student.parameters()).device
     ids = torch.cat([enc["input_ids"], completion], dim=1).to(device)
     attention = torch.cat([enc["attention_mask"], valid], dim=1).to(device)
-    # As in collect: the logits at prompt_len - 1 + c produced the completion token at column c.
-    s = student(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1][rows, cols].float()
-    t = teacher(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1][rows, cols].float()
+    s = _completion_logits(student, ids, attention, prompt_len)[rows, cols].float()
+    t = _completion_logits(teacher, ids, attention, prompt_len)[rows, cols].float()
     return s, t
 
 

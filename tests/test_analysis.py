@@ -437,3 +437,27 @@ def test_gradient_cosines_are_exact_against_per_sequence_autograd(tmp_path, toke
         gradient_cosines(teacher, student, tokenizer, prompts, table_dir, show_progress=False)
     with pytest.raises(ValueError, match="collected from 6 prompts, got 2"):
         gradient_cosines(student, teacher, tokenizer, prompts[:2], table_dir, show_progress=False)
+
+
+def test_rebuilt_batches_project_only_completion_positions(tmp_path, tokenizer, student, teacher):
+    # The analysis forwards keep the logits of the positions that produced a completion token, never the prompt's:
+    # the head sees at most max_new_tokens + 1 positions per row, whatever the prompt length.
+    from hf_rockopd.analysis import gradient_cosines
+
+    prompts = [f"Please compute what {i} plus {i} times two is, step by step." for i in range(3)]
+    table_dir = tmp_path / "table"
+    collect_token_table(student, teacher, tokenizer, prompts, table_dir, max_new_tokens=6, batch_size=3,
+                        show_progress=False, gradient_cosine=False)
+    messages = [{"role": "user", "content": prompts[0]}]
+    prompt_len = len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert prompt_len > 7
+    widths = []
+    hooks = [m.get_output_embeddings().register_forward_hook(lambda _m, args, _o: widths.append(args[0].shape[1]))
+             for m in (student, teacher)]
+    try:
+        gradient_cosines(student, teacher, tokenizer, prompts, table_dir, show_progress=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert widths and max(widths) <= 7
+    assert "grad_cosine" in load_token_table(table_dir).frame
