@@ -98,6 +98,12 @@ def main(output_dir: str) -> None:
         },
         os.path.join(output_dir, f"rank{rank}.pt"),
     )
+    # Tear the gloo process group down before the interpreter exits: left to finalization, its worker threads can be
+    # destroyed while running and abort the process (`terminate called without an active exception`, SIGABRT, rc 1
+    # after training had finished), which failed CI once. PyTorch asks for `destroy_process_group()` at the end of
+    # main: https://github.com/pytorch/pytorch/issues/190489; `end_training` does it for accelerate's state.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
