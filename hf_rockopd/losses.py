@@ -23,11 +23,17 @@ The measured effect is in BENCHMARKS.md (`python -m benchmarks.loss_path`).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from packaging.version import Version
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
 
 
 __all__ = [
@@ -206,13 +212,17 @@ def _dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`Σ_k a[i, k] · b[i, k]` per row, a few rows at a time: `vecdot` materializes the `(n, V)` product, which would
     be the chunk's largest buffer after its 4 softmaxes. Not `bmm`: its float32 dot accumulates serially, 10x less
     accurate over V = 49,152 (measured: 1.3e-4 vs 1.0e-5 relative), which broke the 1e-5 agreement with TRL's losses."""
-    rows = max(1, _DOT_BLOCK_ENTRIES // max(1, a.shape[-1]))
+    block = _DOT_BLOCK_ENTRIES_CUDA if a.is_cuda else _DOT_BLOCK_ENTRIES
+    rows = max(1, block // max(1, a.shape[-1]))
     if a.shape[0] <= rows:
         return torch.linalg.vecdot(a, b, dim=-1)
     return torch.cat([torch.linalg.vecdot(a[i : i + rows], b[i : i + rows], dim=-1) for i in range(0, a.shape[0], rows)])
 
 
 _DOT_BLOCK_ENTRIES = 2**20  # 4 MiB of float32 products at once
+# On a GPU each block is two kernel launches: at 4 MiB a 512-row chunk over V = 151,936 took 85 blocks per dot and
+# the loss path ran launch-bound, 2.2x slower than GKD's (H200, BENCHMARKS.md). 256 MiB blocks: one or two per dot.
+_DOT_BLOCK_ENTRIES_CUDA = 2**26
 
 
 def _log_softmax_and_softmax(z: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,6 +245,57 @@ class _ChunkTerms(ChunkedDivergence):
     grad: torch.Tensor  # d divergence[i] / d student_logits[i], float32 (n, V)
 
 
+def _terms_math(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(divergence, student entropy, teacher entropy, logit-gradient norm, gradient)` of a chunk: the closed forms of
+    [`_chunk_terms`] written as one pure function, for `torch.compile` to fuse into a few kernels on CUDA (eager, the
+    same formulas cost ~30 passes over the `(n, V)` chunk and a buffer per intermediate)."""
+    z_s, z_t = student_logits.float() / temperature, teacher_logits.float() / temperature
+    ls, lt = torch.log_softmax(z_s, dim=-1), torch.log_softmax(z_t, dim=-1)
+    s, t = ls.exp(), lt.exp()
+    s_ent, t_ent = -(s * ls).sum(-1), -(t * lt).sum(-1)
+    if beta == 0.0:
+        div = (t * (lt - ls)).sum(-1)
+        grad = s - t
+    elif beta == 1.0:
+        a = ls - lt
+        div = (s * a).sum(-1)
+        grad = s * (a - div.unsqueeze(1))
+    else:
+        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
+        a = ls - lm
+        s_a = (s * a).sum(-1)
+        div = beta * (t * (lt - lm)).sum(-1) + (1.0 - beta) * s_a
+        grad = (1.0 - beta) * s * (a - s_a.unsqueeze(1))
+    grad = grad / temperature
+    return div, s_ent, t_ent, torch.linalg.vector_norm(grad, dim=-1), grad
+
+
+# `torch.compile` of `_terms_math` on CUDA; `HF_ROCKOPD_COMPILE_LOSS=0` keeps the eager formulas. Not on the CPU: there
+# the eager formulas are the more accurate (see `_log_softmax_and_softmax`, `_dot_rows`) and compiling costs minutes.
+_COMPILE_ON_CUDA = os.environ.get("HF_ROCKOPD_COMPILE_LOSS", "1") != "0"
+_COMPILED_TERMS: Callable | None = None
+
+
+def _compiled_terms(student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float):
+    """`_terms_math` compiled (once; `dynamic` so the last, shorter chunk of a batch does not recompile), or `None`
+    where compiling is off or failed (the failure is logged once and the eager formulas are used from then on)."""
+    global _COMPILE_ON_CUDA, _COMPILED_TERMS
+    if not (_COMPILE_ON_CUDA and student_logits.is_cuda):
+        return None
+    if _COMPILED_TERMS is None:
+        _COMPILED_TERMS = torch.compile(_terms_math, dynamic=True)
+    try:
+        return _COMPILED_TERMS(student_logits, teacher_logits, beta, temperature)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # a compiler failure: the eager path computes the same numbers
+        _COMPILE_ON_CUDA = False
+        logger.warning(f"torch.compile of the chunked loss failed ({type(err).__name__}: {err}); using eager formulas.")
+        return None
+
+
 def _chunk_terms(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -252,6 +313,10 @@ def _chunk_terms(
     so edge cases cost time only where they occur. If logits were overwritten they are gone by then, and `None` asks
     the caller to project the chunk again.
     """
+    compiled = _compiled_terms(student_logits, teacher_logits, beta, temperature)
+    if compiled is not None:
+        # The compiled formulas overwrite nothing: a non-finite chunk can be redone from the same logits.
+        return _finite_or_masked(student_logits, teacher_logits, beta, temperature, False, *compiled)
     z_s, z_t = student_logits.float(), teacher_logits.float()
     if temperature != 1.0:
         z_s, z_t = z_s / temperature, z_t / temperature
@@ -283,10 +348,22 @@ def _chunk_terms(
         grad = a.sub_(s_a.unsqueeze(1)).mul_(s).mul_(1.0 - beta)
     if temperature != 1.0:
         grad.div_(temperature)
+    del s
     g_norm = torch.linalg.vector_norm(grad, dim=-1)
+    return _finite_or_masked(
+        student_logits, teacher_logits, beta, temperature, overwrite_student or overwrite_teacher,
+        div, s_ent, t_ent, g_norm, grad,
+    )  # fmt: skip
+
+
+def _finite_or_masked(
+    student_logits, teacher_logits, beta, temperature, overwritten, div, s_ent, t_ent, g_norm, grad
+) -> _ChunkTerms | None:
+    """The chunk's terms if all are finite; else the masked reference's, or `None` (project again) if the logits were
+    overwritten."""
     if not bool(torch.isfinite(torch.stack([div, s_ent, t_ent, g_norm])).all()):
-        del grad, s
-        if overwrite_student or overwrite_teacher:
+        del grad
+        if overwritten:
             return None
         return _chunk_terms_masked(student_logits, teacher_logits, beta, temperature)
     return _ChunkTerms(div, s_ent, t_ent, g_norm, grad)
@@ -340,23 +417,60 @@ class _Heads:
     chunk_size: int
 
 
-def _plain_linear(head: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor]) -> bool:
-    """Whether `head` is a bare `nn.Linear` (no hooks, no subclass such as a LoRA or 4-bit layer) whose trainable
-    tensors are exactly its weight and, if it trains one, its bias."""
-    if type(head) is not torch.nn.Linear or not params:
+def _bare_linear(head: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Whether `head` is a bare `nn.Linear`: no hooks, no subclass such as a LoRA or 4-bit layer."""
+    if type(head) is not torch.nn.Linear:
         return False
     hooks = (head._forward_hooks, head._forward_pre_hooks)
-    if any(hooks) or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+    return not (
+        any(hooks) or torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks
+    )
+
+
+def _plain_linear(head: Callable[[torch.Tensor], torch.Tensor], params: list[torch.Tensor]) -> bool:
+    """Whether `head` is a bare `nn.Linear` whose trainable tensors are exactly its weight and, if it trains one, its
+    bias."""
+    if not params or not _bare_linear(head):
         return False
     own = [head.weight] + ([head.bias] if head.bias is not None and head.bias.requires_grad else [])
     return head.weight.requires_grad and {id(p) for p in params} == {id(p) for p in own}
 
 
+# `torch.mm(..., out_dtype=torch.float32)` on bf16/fp16 CUDA tensors (torch >= 2.8): a half-precision product on the
+# tensor cores with a float32 result, as TRL's `kernels/chunked_logprob._addmm_fp32` uses it. Elsewhere (CPU) the
+# operands are upcast instead; a float32 product there costs about what a bf16 one does.
+_MM_OUT_DTYPE = Version(torch.__version__.split("+")[0]) >= Version("2.8")
+
+
+def _half_on_cuda(t: torch.Tensor) -> bool:
+    return _MM_OUT_DTYPE and t.device.type == "cuda" and t.dtype in (torch.float16, torch.bfloat16)
+
+
 def _addmm_float32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`acc + a @ b` in float32, in place when `acc` exists (rounding each chunk's product to bf16 before summing
-    would bias the head's gradient, see TRL's `kernels/chunked_logprob._addmm_fp32`)."""
+    would bias the head's gradient, see TRL's `kernels/chunked_logprob._addmm_fp32`).
+
+    With half-precision CUDA operands `a` is rounded to `b`'s dtype (the logit gradient, as autograd and TRL's kernel
+    round it) and the product runs on the tensor cores: upcasting both to float32 instead made the head's gradient
+    the slowest matrix product of the loss on a GPU (float32 without TF32 is ~15x slower than bf16 on an H100)."""
+    if _half_on_cuda(b):
+        a = a.to(b.dtype)
+        if acc is None:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     a, b = a.float(), b.float()
     return torch.mm(a, b) if acc is None else acc.addmm_(a, b)
+
+
+def _logits(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """`head(h)`, but a bare half-precision `nn.Linear` on CUDA writes float32 logits: rounding logits to bf16 before
+    the softmax costs up to 2^-9 of each logit (0.04 at a logit of 10), more than the divergence tolerates. TRL's
+    DistillationTrainer kernel projects the same way (`kernels/chunked_divergence._project`). Only for projections
+    that no graph is built through."""
+    if _half_on_cuda(h) and _bare_linear(head) and head.weight.dtype == h.dtype:
+        z = torch.mm(h, head.weight.t(), out_dtype=torch.float32)
+        return z if head.bias is None else z.add_(head.bias)
+    return head(h)
 
 
 class _StudentGrads:
@@ -409,9 +523,9 @@ def _project_chunk(heads: _Heads, h_s: torch.Tensor, h_t: torch.Tensor, track: b
     """Logits and terms of one chunk. With `track` the student's logits keep their graph back to `h_s` and the head;
     without, both logits are only inputs to the terms, which overwrite them (and `None` is returned for them)."""
     with torch.enable_grad() if track else torch.no_grad():
-        z_s = heads.student(h_s)
+        z_s = heads.student(h_s) if track else _logits(heads.student, h_s)
     with torch.no_grad():
-        z_t = heads.teacher(h_t)
+        z_t = _logits(heads.teacher, h_t)
         # The student's logits are overwritten only when no graph needs them (a head may save its output).
         terms = _chunk_terms(
             z_s.detach(), z_t, heads.beta, heads.temperature, overwrite_student=not track, overwrite_teacher=True

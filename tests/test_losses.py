@@ -331,6 +331,98 @@ def test_fused_bf16_matches_autograd_on_the_same_bf16_logits():
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("temperature", [1.0, 1.7])
+def test_compilable_closed_forms_equal_the_eager_ones(beta, temperature):
+    """`_terms_math`, the pure function CUDA compiles, computes what the eager in-place formulas compute."""
+    from hf_rockopd.losses import _chunk_terms, _terms_math
+
+    torch.manual_seed(12)
+    z_s, z_t = torch.randn(6, 301) * 3, torch.randn(6, 301) * 3
+    eager = _chunk_terms(z_s.clone(), z_t.clone(), beta, temperature)
+    pure = _terms_math(z_s, z_t, beta, temperature)
+    for name, got in zip(("divergence", "student_entropy", "teacher_entropy", "logit_grad_norm", "grad"), pure):
+        torch.testing.assert_close(got, getattr(eager, name), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_loss_through_the_compiled_branch_matches_and_falls_back_on_minus_inf(beta, monkeypatch):
+    """The branch CUDA takes (pure closed forms, then the finiteness check), run here with the uncompiled function:
+    same loss and gradients as the reference, and a chunk with -inf logits is redone by the masked formulas from the
+    logits the pure function left intact."""
+    from hf_rockopd import losses
+
+    monkeypatch.setattr(losses, "_compiled_terms", losses._terms_math)
+    torch.manual_seed(13)
+    n, h, v = 9, 6, 29
+    s_head, t_head = torch.nn.Linear(h, v), torch.nn.Linear(h, v).requires_grad_(False)
+    with torch.no_grad():
+        s_head.bias[5] = t_head.bias[5] = -math.inf
+    hs = torch.randn(n, h, requires_grad=True)
+    ht = torch.randn(n, h)
+    weights = torch.rand(n)
+    for head_bias in (True, False):
+        if not head_bias:  # a chunk of finite logits only
+            with torch.no_grad():
+                s_head.bias[5] = t_head.bias[5] = 0.0
+        loss, _ = chunked_weighted_loss(hs, ht, s_head, t_head, weights, n, beta, chunk_size=4)
+        ref, _ = _reference_loss(hs, ht, s_head, t_head, weights, n, beta, 1.0)
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+        for a, b in zip(_grads(loss, (hs, s_head.weight)), _grads(ref, (hs, s_head.weight))):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the float32-output half-precision products are CUDA's")
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_cuda_bf16_loss_projects_with_float32_logits_and_is_closer_to_float64_than_bf16_logits(
+    beta, compiled, monkeypatch
+):
+    """On CUDA a bare bf16 head writes float32 logits and its gradient is accumulated in float32 from bf16 operands
+    (TRL's kernels do the same). Against float64 on the same bf16 inputs that must be more accurate than autograd on
+    bf16 logits (what full-logit GKD computes), for both paths, with bf16 gradients of the parameters' dtype."""
+    from hf_rockopd import losses
+    from hf_rockopd.losses import _logits
+
+    monkeypatch.setattr(losses, "_COMPILE_ON_CUDA", compiled)
+    torch.manual_seed(11)
+    n, h, h_t, v = 96, 64, 128, 4096
+    s_head = torch.nn.Linear(h, v, bias=False, device="cuda", dtype=torch.bfloat16)
+    t_head = torch.nn.Linear(h_t, v, bias=False, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    with torch.no_grad():
+        s_head.weight.normal_(0, 3 / math.sqrt(h))
+        t_head.weight.normal_(0, 3 / math.sqrt(h_t))
+    hs = torch.randn(n, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ht = torch.randn(n, h_t, device="cuda", dtype=torch.bfloat16)
+    weights = (torch.rand(n, device="cuda") > 0.3).float()
+    tensors = (hs, s_head.weight)
+    assert _logits(s_head, hs.detach()).dtype == torch.float32
+
+    def exact():
+        w64 = s_head.weight.detach().double().requires_grad_(True)
+        h64 = hs.detach().double().requires_grad_(True)
+        full = per_token_divergence(h64 @ w64.T, ht.double() @ t_head.weight.double().T, beta)
+        loss = weighted_loss(full, weights.double(), float(n))
+        return loss, _grads(loss, (h64, w64))
+
+    def rel(a, b):
+        return float((a.detach().double() - b).norm() / b.norm())
+
+    loss64, grads64 = exact()
+    fused, _ = chunked_weighted_loss(hs, ht, s_head, t_head, weights, float(n), beta, chunk_size=32)
+    row = weighted_loss(chunked_divergence(hs, ht, s_head, t_head, beta, chunk_size=32).divergence, weights, float(n))
+    bf16_logits, _ = _reference_loss(hs, ht, s_head, t_head, weights, float(n), beta, 1.0)
+    errors = {}
+    for name, loss in (("fused", fused), ("row", row), ("bf16_logits", bf16_logits)):
+        grads = _grads(loss, tensors)
+        assert all(g.dtype == torch.bfloat16 for g in grads)
+        errors[name] = (rel(loss.detach(), loss64), *(rel(g, g64) for g, g64 in zip(grads, grads64)))
+    for name in ("fused", "row"):
+        assert errors[name][0] < 1e-4, errors  # float32 logits: only the bf16 inputs' products are rounded
+        assert errors[name][0] < errors["bf16_logits"][0], errors
+        assert max(errors[name][1:]) < 1e-2, errors  # bf16 gradients: 8 bits of mantissa
+
+
 def test_fused_loss_edges_and_errors():
     head = torch.nn.Linear(4, 9)
     hs = torch.randn(3, 4, requires_grad=True)
