@@ -76,6 +76,8 @@ class LossCase:
         frozen (`float`): fraction of positions with weight 0, drawn at random.
         seed (`int`): seed of the inputs.
         chunk_size (`int`): our `loss_chunk_size` (rows projected at once).
+        teacher_hidden (`int`, *optional*): the teacher's hidden width, when it differs from the student's (a
+            Qwen3-8B teacher, H = 4096, over a Qwen3-1.7B student, H = 2048); only the vocabulary must match.
 
     Example:
     ```python
@@ -93,15 +95,21 @@ class LossCase:
     frozen: float
     seed: int = 0
     chunk_size: int = 512
+    teacher_hidden: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "vocab", "batch", "length", "chunk_size"):
-            if getattr(self, name) < 1:
+        for name in ("hidden", "vocab", "batch", "length", "chunk_size", "teacher_hidden"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {self.beta}.")
         if not 0.0 <= self.frozen < 1.0:
             raise ValueError(f"frozen must be in [0, 1), got {self.frozen}.")
+
+    @property
+    def hidden_t(self) -> int:
+        """The teacher's hidden width."""
+        return self.teacher_hidden or self.hidden
 
     @property
     def rows(self) -> int:
@@ -113,20 +121,29 @@ class LossCase:
         return 4 * self.rows * self.vocab
 
 
-def make_inputs(case: LossCase) -> dict:
-    """Hidden states, heads and weights of `case`, seeded; logits have a spread like a trained LM's (std ~3)."""
-    gen = torch.Generator().manual_seed(case.seed)
-    h_s = torch.randn(case.rows, case.hidden, generator=gen).requires_grad_(True)
-    h_t = torch.randn(case.rows, case.hidden, generator=gen)
+def make_inputs(case: LossCase, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """Hidden states, heads and weights of `case`, seeded, drawn on `device` and cast to `dtype`; logits have a spread
+    like a trained LM's (std ~3). The same seed gives other numbers on another device (its own generator)."""
+    gen = torch.Generator(device=device).manual_seed(case.seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device)
+
+    h_s = randn(case.rows, case.hidden).to(dtype).requires_grad_(True)
+    h_t = randn(case.rows, case.hidden_t).to(dtype)
     scale = 3.0 / math.sqrt(case.hidden)
-    head_s = torch.nn.Linear(case.hidden, case.vocab, bias=False)
-    head_t = torch.nn.Linear(case.hidden, case.vocab, bias=False)
+    head_s = torch.nn.Linear(case.hidden, case.vocab, bias=False, device=device, dtype=dtype)
+    head_t = torch.nn.Linear(case.hidden_t, case.vocab, bias=False, device=device, dtype=dtype)
     with torch.no_grad():
-        head_s.weight.copy_(torch.randn(case.vocab, case.hidden, generator=gen) * scale)
+        head_s.weight.copy_(randn(case.vocab, case.hidden) * scale)
         # The teacher is a perturbed student, so the divergence is of a realistic size (not two unrelated models).
-        head_t.weight.copy_(head_s.weight + 0.5 * scale * torch.randn(case.vocab, case.hidden, generator=gen))
+        # A wider teacher's extra inputs get weights of the same spread as the perturbation.
+        common = min(case.hidden, case.hidden_t)
+        head_t.weight[:, :common].copy_(head_s.weight[:, :common].float() + 0.5 * scale * randn(case.vocab, common))
+        if case.hidden_t > common:
+            head_t.weight[:, common:].copy_(0.5 * scale * randn(case.vocab, case.hidden_t - common))
     head_t.requires_grad_(False)
-    weights = (torch.rand(case.batch, case.length, generator=gen) >= case.frozen).float()
+    weights = (torch.rand(case.batch, case.length, generator=gen, device=device) >= case.frozen).float()
     return {"h_s": h_s, "h_t": h_t, "head_s": head_s, "head_t": head_t, "weights": weights}
 
 
@@ -172,8 +189,8 @@ def _gkd_loss(inputs: dict, case: LossCase) -> torch.Tensor:
     student_logits = inputs["head_s"](inputs["h_s"]).view(shape)
     with torch.no_grad():
         teacher_logits = inputs["head_t"](inputs["h_t"]).view(shape)
-    labels = torch.zeros(case.batch, case.length, dtype=torch.long).masked_fill(inputs["weights"] == 0, -100)
-    n_valid = torch.tensor(float(case.rows))
+    labels = torch.zeros_like(inputs["weights"], dtype=torch.long).masked_fill(inputs["weights"] == 0, -100)
+    n_valid = torch.tensor(float(case.rows), device=labels.device)
     return GKDTrainer.generalized_jsd_loss(
         student_logits, teacher_logits, labels=labels, beta=case.beta, temperature=1.0, num_items_in_batch=n_valid
     )
@@ -184,19 +201,31 @@ def _distillation_loss(inputs: dict, case: LossCase) -> torch.Tensor:
 
     loss, _, _ = _chunked_divergence_loss(
         inputs["h_s"].view(case.batch, case.length, case.hidden),
-        inputs["h_t"].view(case.batch, case.length, case.hidden),
+        inputs["h_t"].view(case.batch, case.length, case.hidden_t),
         inputs["head_s"].weight,
         inputs["head_t"].weight,
         completion_mask=(inputs["weights"] > 0).long(),
         beta=case.beta,
-        num_items_in_batch=torch.tensor(float(case.rows)),
+        num_items_in_batch=torch.tensor(float(case.rows), device=inputs["h_s"].device),
         temperature=1.0,
     )
     return loss
 
 
+def _rockopd_eager_loss(inputs: dict, case: LossCase) -> torch.Tensor:
+    """Ours with the chunk's closed forms left uncompiled (they are compiled on CUDA by default)."""
+    from hf_rockopd import losses
+
+    saved, losses._COMPILE_ON_CUDA = losses._COMPILE_ON_CUDA, False
+    try:
+        return _rockopd_loss(inputs, case)
+    finally:
+        losses._COMPILE_ON_CUDA = saved
+
+
 _LOSSES = {
     "rockopd": _rockopd_loss,
+    "rockopd_eager": _rockopd_eager_loss,
     "rockopd_uniform": lambda inputs, case: _rockopd_loss(inputs, case, uniform=True),
     DIVERGENCE_PATH: _rockopd_divergence_loss,
     "gkd": _gkd_loss,
@@ -271,9 +300,9 @@ def reference_float64(inputs: dict, case: LossCase, rows_per_chunk: int = 256, v
         h = h.double()
         return torch.cat([h @ w[blk].double().T for blk in blocks], dim=1)
 
-    loss = torch.zeros((), dtype=torch.float64)
-    grad_h = torch.zeros(h_s.shape, dtype=torch.float64)
-    grad_w = torch.zeros(w_s.shape, dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64, device=h_s.device)
+    grad_h = torch.zeros(h_s.shape, dtype=torch.float64, device=h_s.device)
+    grad_w = torch.zeros(w_s.shape, dtype=torch.float64, device=h_s.device)
     for start in range(0, case.rows, rows_per_chunk):
         rows = slice(start, start + rows_per_chunk)
         z_s = project(h_s[rows], w_s).requires_grad_(True)

@@ -9,7 +9,7 @@ import json
 import sys
 
 
-__all__ = ["loss_path_table", "train_step_table"]
+__all__ = ["gpu_loss_table", "gpu_step_table", "loss_path_table", "train_step_table"]
 
 GIB = 1024**3
 
@@ -88,12 +88,81 @@ def train_step_table(result: dict) -> str:
     return out
 
 
+def gpu_loss_table(records: list[dict]) -> str:
+    """`benchmarks.gpu` loss-path cases: bf16 median times (ms) and peak memory (GiB), ratios, the float32 agreement
+    and each implementation's bf16 distance to float64 (loss / worst gradient)."""
+    impls = ("rockopd", "rockopd_eager", "gkd", "distillation")
+    with_eager = any("rockopd_eager" in r.get("median_s", {}) for r in records)
+    shown = [i for i in impls if with_eager or i != "rockopd_eager"]
+    names = {"rockopd": "ours", "rockopd_eager": "ours eager", "gkd": "GKD", "distillation": "Distill"}
+    cols = ["H s/t", "V", "L", "beta", "frozen", "chunk"] + [f"{names[i]} ms" for i in shown] + ["ours uniform ms"]
+    cols += [f"{names[i]} GiB" for i in ("rockopd", "gkd", "distillation")]
+    cols += ["time ours/GKD", "time ours/Distill", "time frozen/uniform", "mem ours/GKD", "mem ours/Distill"]
+    cols += ["compiled/eager"] if with_eager else []
+    cols += ["fp32 max rel. diff to ours", "bf16 vs float64: ours / GKD / Distill"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in records:
+        c, q, med = r["case"], r.get("ratios", {}), r.get("median_s", {})
+        if "error" in r:
+            lines.append(f"| {c['hidden']} | {c['vocab']} | {c['length']} | {c['beta']} | {c['frozen']} | error: "
+                         f"{r['error'][:80]} |")  # fmt: skip
+            continue
+
+        def ratio(key: str) -> str:
+            return f"{q[key]:.2f}" if key in q else "—"
+
+        def ms(impl: str) -> str:
+            return f"{med[impl] * 1e3:.1f}" if impl in med else r.get("status", {}).get(impl, "—")
+
+        def bf16(impl: str) -> str:
+            d = r.get("bf16_vs_float64", {}).get(impl)
+            return f"{d['loss_rel']:.0e}/{max(d['grad_h_rel'], d['grad_w_rel']):.0e}" if d else "—"
+
+        anchors = [a for name, a in r.get("agreement", {}).items() if name != "rockopd_eager"]
+        diffs = [v for a in anchors for v in a.values()]
+        cells = [f"{c['hidden']}/{c.get('teacher_hidden') or c['hidden']}", str(c["vocab"]), str(c["length"])]
+        cells += [str(c["beta"]), str(c["frozen"]), str(c.get("chunk_size", 512))]
+        cells += [ms(i) for i in shown] + [ms("rockopd_uniform")]
+        cells += [_mem(r, i) for i in ("rockopd", "gkd", "distillation")]
+        cells += [ratio(k) for k in ("time_vs_gkd", "time_vs_distillation", "time_vs_own_uniform", "mem_vs_gkd")]
+        cells += [ratio("mem_vs_distillation")] + ([ratio("compiled_vs_eager_time")] if with_eager else [])
+        cells += [f"{max(diffs):.1e}" if diffs else "—", " / ".join(bf16(i) for i in ("rockopd", "gkd", "distillation"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gpu_step_table(records: list[dict]) -> str:
+    """`benchmarks.gpu` training steps: per student variant, both trainers' phase medians and ours / GKD."""
+    keys = [("generation_s", "generation s"), ("loss_backward_s", "loss + backward s"), ("optimizer_s", "optimizer s"),
+            ("total_s", "total step s"), ("peak_bytes", "step peak GiB"), ("peak_allocated_bytes", "device peak GiB"),
+            ("completion_tokens_per_s", "completion tokens/s")]  # fmt: skip
+    by = {(r["variant"], r["trainer"]): r for r in records}
+    lines = ["| student | phase | GKDTrainer | RockOPDTrainer | ours / GKD |", "|---|---|---|---|---|"]
+    for variant in dict.fromkeys(r["variant"] for r in records):
+        gkd, ours = by.get((variant, "gkd"), {}), by.get((variant, "rockopd"), {})
+        if "median" not in gkd or "median" not in ours:
+            lines.append(f"| {variant} | failed: {(gkd.get('error') or ours.get('error') or '')[-80:]!r} | | | |")
+            continue
+        label = f"{variant} ({ours['trainable_params'] / 1e6:.1f} M trainable)"
+        for key, name in keys:
+            if key not in gkd["median"] or key not in ours["median"]:  # the device peak exists on CUDA only
+                continue
+            g, o = gkd["median"][key], ours["median"][key]
+            scale = 1 / GIB if "bytes" in key else 1
+            lines.append(f"| {label} | {name} | {g * scale:.3g} | {o * scale:.3g} | {o / g:.2f} |")
+            label = ""
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     for path in argv if argv is not None else sys.argv[1:]:
         with open(path) as f:
             data = json.load(f)
         print(f"<!-- {path} -->")
-        print(loss_path_table(data["records"]) if "records" in data else train_step_table(data))
+        if data.get("meta", {}).get("benchmark") == "gpu":
+            print(gpu_loss_table(data["loss_path"]) + "\n\n" + gpu_step_table(data["train_step"]))
+        else:
+            print(loss_path_table(data["records"]) if "records" in data else train_step_table(data))
         print()
     return 0
 

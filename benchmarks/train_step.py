@@ -74,7 +74,7 @@ def _models(pair: str):
 class _PhaseTimer:
     """Wraps the trainer's phases and collects per-step timings and peak memory."""
 
-    def __init__(self, trainer) -> None:
+    def __init__(self, trainer, cuda: bool = False) -> None:
         from transformers import TrainerCallback
 
         from benchmarks.memory import peak_rss_since_reset, reset_peak_rss
@@ -82,11 +82,29 @@ class _PhaseTimer:
         self.steps: list[dict] = []
         self._current: dict = {}
         timer = self
+        # On CUDA the kernels of a phase are queued, not run, when its Python call returns: wait for them so each is
+        # timed whole. Memory is the caching allocator's peak over the step above what was allocated at its start.
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+        def reset_peak() -> int:
+            if not cuda:
+                return reset_peak_rss()
+            sync()
+            torch.cuda.reset_peak_memory_stats()
+            return torch.cuda.memory_allocated()
+
+        def peak() -> int:
+            if not cuda:
+                return peak_rss_since_reset()
+            sync()
+            return torch.cuda.max_memory_allocated()
 
         def timed(name, fn):
             def wrapper(*args, **kwargs):
+                sync()
                 start = time.perf_counter()
                 out = fn(*args, **kwargs)
+                sync()
                 timer._current[name] = timer._current.get(name, 0.0) + time.perf_counter() - start
                 if name == "generation_s":
                     labels = out[2]
@@ -103,18 +121,25 @@ class _PhaseTimer:
 
         class Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
-                timer._current = {"baseline_rss": reset_peak_rss(), "start": time.perf_counter()}
+                timer._current = {"baseline": reset_peak(), "start": time.perf_counter()}
 
             def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                sync()
                 timer._current["opt_start"] = time.perf_counter()
 
             def on_optimizer_step(self, args, state, control, **kwargs):
+                sync()
                 timer._current["optimizer_s"] = time.perf_counter() - timer._current.pop("opt_start")
 
             def on_step_end(self, args, state, control, **kwargs):
                 cur = timer._current
+                sync()
                 cur["total_s"] = time.perf_counter() - cur.pop("start")
-                cur["peak_bytes"] = peak_rss_since_reset() - cur.pop("baseline_rss")
+                top = peak()
+                cur["peak_bytes"] = top - cur["baseline"]
+                if cuda:
+                    cur["peak_allocated_bytes"] = top  # everything on the device: both models, optimizer state
+                del cur["baseline"]
                 cur["loss_backward_s"] = cur.get("loss_forward_s", 0.0) + cur.get("backward_s", 0.0)
                 cur["completion_tokens_per_s"] = cur.get("completion_tokens", 0) / cur["total_s"]
                 timer.steps.append(cur)
@@ -126,9 +151,34 @@ def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_to
     """Train `steps` steps with `trainer_name` (`"rockopd"` or `"gkd"`) in this process; per-step phase timings."""
     import transformers
 
+    transformers.set_seed(seed)
     teacher, student, tokenizer = _models(pair)
-    common = dict(
+    return train_steps(
+        trainer_name, student, teacher, tokenizer, _prompts(batch * steps), steps, batch, max_new_tokens, seed,
         output_dir=os.path.join("outputs", "bench_train_step", f"{pair}_{trainer_name}"),
+    )  # fmt: skip
+
+
+def train_steps(
+    trainer_name: str,
+    student,
+    teacher,
+    tokenizer,
+    data,
+    steps: int,
+    batch: int,
+    max_new_tokens: int,
+    seed: int,
+    output_dir: str,
+    cuda: bool = False,
+) -> dict:
+    """Train `student` (a model or a PEFT model) `steps` steps under `teacher` with `trainer_name` (`"rockopd"` or
+    `"gkd"`) at the benchmark's settings; per-step phase timings, and whether any trainable weight changed (a LoRA
+    adapter cut off from its gradient would leave them all equal and time a step that learns nothing)."""
+    import transformers
+
+    common = dict(
+        output_dir=output_dir,
         max_steps=steps,
         per_device_train_batch_size=batch,
         max_new_tokens=max_new_tokens,
@@ -140,10 +190,10 @@ def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_to
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=not cuda,
+        bf16=cuda,
     )
     transformers.set_seed(seed)
-    data = _prompts(batch * steps)
     if trainer_name == "rockopd":
         from hf_rockopd import RockOPDConfig, RockOPDTrainer
 
@@ -166,9 +216,16 @@ def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_to
         )
     else:
         raise ValueError(f"trainer_name must be 'rockopd' or 'gkd', got {trainer_name!r}.")
-    timer = _PhaseTimer(trainer)
+    trainable = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise RuntimeError(f"The {trainer_name} student has no trainable parameter.")
+    before = {n: p.detach().float().clone() for n, p in trainable[:: max(1, len(trainable) // 8)]}
+    timer = _PhaseTimer(trainer, cuda=cuda)
     trainer.train()
-    return {"steps": timer.steps}
+    after = dict(trainer.model.named_parameters())
+    changed = sum(not torch.equal(before[n], after[n].detach().float()) for n in before)
+    return {"steps": timer.steps, "trainable_params": sum(p.numel() for _, p in trainable),
+            "sampled_tensors_changed": f"{changed}/{len(before)}"}  # fmt: skip
 
 
 def _summarize(steps: list[dict]) -> dict:

@@ -214,3 +214,61 @@ def test_scaling_fits_time_and_memory_on_the_length_sweep_only(tmp_path):
     assert scaling.main([str(path), "--plot", str(tmp_path / "s.png"), "--out", str(tmp_path / "s.json")]) == 0
     assert (tmp_path / "s.png").stat().st_size > 10_000
     assert set(json.loads((tmp_path / "s.json").read_text())) == {"memory", "time"}
+
+
+@pytest.mark.parametrize("teacher_hidden", [24, 12])
+def test_a_teacher_of_another_width_agrees_with_every_path_and_float64(teacher_hidden):
+    """The GPU grid's Qwen3-8B-wide teacher over a Qwen3-1.7B-wide student, at toy sizes (wider and narrower)."""
+    from benchmarks.loss_path import reference_float64, relative_differences
+
+    case = LossCase(16, 64, 2, 8, 0.5, 0.5, chunk_size=3, teacher_hidden=teacher_hidden)
+    inputs = make_inputs(case)
+    assert inputs["h_t"].shape == (16, teacher_hidden) and inputs["head_t"].weight.shape == (64, teacher_hidden)
+    ours = {k: v.clone() for k, v in run_once("rockopd", inputs, case).items()}
+    for impl in ("gkd", "distillation"):
+        assert max(relative_differences(run_once(impl, inputs, case), ours).values()) < 1e-5
+    assert max(relative_differences(ours, reference_float64(inputs, case)).values()) < 1e-5
+
+
+def test_gpu_benchmark_smoke_runs_every_part_and_records_agreement(tmp_path):
+    """`benchmarks.gpu --smoke` on the CPU: the script a device session runs, at toy sizes, end to end."""
+    import subprocess
+
+    from benchmarks.tables import gpu_loss_table, gpu_step_table
+
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, "-m", "benchmarks.gpu", "--smoke", "--out", str(out), "--repeats", "1", "--steps", "2",
+           "--max-new-tokens", "4", "--variants", "full,lora"]  # fmt: skip
+    root = os.path.join(os.path.dirname(__file__), "..")
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["failures"] == [] and result["meta"]["device"] == "cpu" and result["meta"]["variants"] == ["full", "lora"]
+    assert len(result["loss_path"]) == 4
+    for record in result["loss_path"]:
+        assert set(record["agreement"]) == {"gkd", "distillation"}
+        assert max(v for a in record["agreement"].values() for v in a.values()) < 1e-5
+        # bf16: every implementation is compared with float64 on the same bf16 inputs; ours is not the worst.
+        bf16 = {k: v["loss_rel"] for k, v in record["bf16_vs_float64"].items()}
+        assert set(bf16) == {"rockopd", "gkd", "distillation"} and bf16["rockopd"] < 1e-2
+        assert record["ratios"]["time_vs_gkd"] > 0 and record["peak_bytes"].keys() == record["median_s"].keys()
+    assert "time_vs_own_uniform" in result["loss_path"][-1]["ratios"]
+    steps = {(r["variant"], r["trainer"]): r for r in result["train_step"]}
+    assert set(steps) == {(v, t) for v in ("full", "lora") for t in ("gkd", "rockopd")}
+    assert steps[("lora", "rockopd")]["trainable_params"] < steps[("full", "rockopd")]["trainable_params"]
+    for record in steps.values():
+        assert record["median"]["completion_tokens"] == 16  # batch 4 x 4 new tokens, a random model never stops
+        assert record["median"]["total_s"] >= record["median"]["generation_s"] > 0
+    assert set(result["train_step_ratios"]) == {"full", "lora"}
+    assert "| 16/24 | 256 | 8 | 1.0 | 0.5 |" in gpu_loss_table(result["loss_path"])
+    assert gpu_step_table(result["train_step"]).count("| total step s |") == 2
+
+
+def test_gpu_benchmark_refuses_a_full_run_without_cuda(capsys):
+    from benchmarks import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit):
+        gpu.main(["--device", "cpu"])
+    assert "needs a CUDA device" in capsys.readouterr().err
