@@ -38,9 +38,9 @@ import torch
 
 from benchmarks.loss_path import (
     GIB,
+    AgreementError,
     LossCase,
     _detached,
-    AgreementError,
     _over_tolerance,
     check_agreement,
     make_inputs,
@@ -49,6 +49,7 @@ from benchmarks.loss_path import (
     relative_differences,
     run_once,
 )
+from benchmarks.memory import peak_since_reset, reset_peak
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -129,10 +130,10 @@ def gpu_loss_case(case: LossCase, device: torch.device, repeats: int = 5) -> dic
     checked = [impl for impl in impls if impl in ("rockopd_eager", "gkd", "distillation")]
     record: dict = {"case": asdict(case), "status": {}, "reason": {}, "peak_bytes": {}}
 
-    def attempt(impl: str, fn):
+    def attempt(impl: str, inputs: dict):
         # An anchor that fails (a Triton kernel that does not build, an OOM) is recorded and dropped; ours raises.
         try:
-            return fn()
+            return run_once(impl, inputs, case)
         except Exception as err:
             if impl == "rockopd":
                 raise
@@ -145,7 +146,7 @@ def gpu_loss_case(case: LossCase, device: torch.device, repeats: int = 5) -> dic
     ours = _detached(run_once("rockopd", inputs, case))
     record["agreement"] = {}
     for impl in checked:
-        result = attempt(impl, lambda: run_once(impl, inputs, case))
+        result = attempt(impl, inputs)
         if result is not None:
             record["agreement"][impl] = relative_differences(result, ours)
         del result
@@ -168,7 +169,7 @@ def gpu_loss_case(case: LossCase, device: torch.device, repeats: int = 5) -> dic
     for impl in impls:
         if record["status"].get(impl) == "error":
             continue
-        result = attempt(impl, lambda: run_once(impl, inputs, case))
+        result = attempt(impl, inputs)
         if result is not None:
             record["status"][impl] = "ok"
             if impl != "rockopd_uniform":  # another loss (every weight 1), not comparable
@@ -180,9 +181,9 @@ def gpu_loss_case(case: LossCase, device: torch.device, repeats: int = 5) -> dic
     for impl in runnable:
         inputs["h_s"].grad = inputs["head_s"].weight.grad = None
         _free(device)
-        base = _reset_peak(device)
+        base = reset_peak(device)
         run_once(impl, inputs, case)
-        record["peak_bytes"][impl] = _peak(device) - base
+        record["peak_bytes"][impl] = peak_since_reset(device) - base
     times: dict[str, list[float]] = {impl: [] for impl in runnable}
     for r in range(repeats):
         for impl in runnable[r % len(runnable) :] + runnable[: r % len(runnable)]:
@@ -207,25 +208,6 @@ def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def _reset_peak(device: torch.device) -> int:
-    if device.type != "cuda":
-        from benchmarks.memory import reset_peak_rss
-
-        return reset_peak_rss()
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    return torch.cuda.memory_allocated(device)
-
-
-def _peak(device: torch.device) -> int:
-    if device.type != "cuda":
-        from benchmarks.memory import peak_rss_since_reset
-
-        return peak_rss_since_reset()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device)
 
 
 # ------------------------------------------------------------------------------------------------- training step ----

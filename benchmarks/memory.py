@@ -9,8 +9,10 @@ from __future__ import annotations
 import gc
 import resource
 
+import torch
 
-__all__ = ["cap_address_space", "current_rss", "peak_rss_since_reset", "reset_peak_rss"]
+
+__all__ = ["cap_address_space", "current_rss", "peak_rss_since_reset", "peak_since_reset", "reset_peak", "reset_peak_rss"]
 
 
 def _status_kib(key: str) -> int:
@@ -45,6 +47,34 @@ def reset_peak_rss() -> int:
 def peak_rss_since_reset() -> int:
     """RSS high-water mark (bytes) since the last [`reset_peak_rss`]."""
     return _status_kib("VmHWM") * 1024
+
+
+def reset_peak(device: torch.device | str = "cpu") -> int:
+    """Start a peak-memory measurement on `device` and return its baseline (bytes): the RSS reset on the CPU; on CUDA,
+    after waiting for queued kernels, the caching allocator's peak is reset and what is allocated now returned."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return reset_peak_rss()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def peak_since_reset(device: torch.device | str = "cpu") -> int:
+    """Peak bytes on `device` since [`reset_peak`]: `VmHWM` on the CPU, `max_memory_allocated` on CUDA.
+
+    Example:
+    ```python
+    >>> from benchmarks.memory import peak_since_reset, reset_peak
+    >>> peak_since_reset() >= reset_peak() > 0
+    True
+    ```
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return peak_rss_since_reset()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
 
 
 def cap_address_space(extra_bytes: int) -> None:

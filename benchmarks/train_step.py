@@ -20,7 +20,6 @@ pruned student).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -77,27 +76,15 @@ class _PhaseTimer:
     def __init__(self, trainer, cuda: bool = False) -> None:
         from transformers import TrainerCallback
 
-        from benchmarks.memory import peak_rss_since_reset, reset_peak_rss
+        from benchmarks.memory import peak_since_reset, reset_peak
 
         self.steps: list[dict] = []
         self._current: dict = {}
         timer = self
         # On CUDA the kernels of a phase are queued, not run, when its Python call returns: wait for them so each is
         # timed whole. Memory is the caching allocator's peak over the step above what was allocated at its start.
+        device = "cuda" if cuda else "cpu"
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-        def reset_peak() -> int:
-            if not cuda:
-                return reset_peak_rss()
-            sync()
-            torch.cuda.reset_peak_memory_stats()
-            return torch.cuda.memory_allocated()
-
-        def peak() -> int:
-            if not cuda:
-                return peak_rss_since_reset()
-            sync()
-            return torch.cuda.max_memory_allocated()
 
         def timed(name, fn):
             def wrapper(*args, **kwargs):
@@ -121,7 +108,7 @@ class _PhaseTimer:
 
         class Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
-                timer._current = {"baseline": reset_peak(), "start": time.perf_counter()}
+                timer._current = {"baseline": reset_peak(device), "start": time.perf_counter()}
 
             def on_pre_optimizer_step(self, args, state, control, **kwargs):
                 sync()
@@ -135,7 +122,7 @@ class _PhaseTimer:
                 cur = timer._current
                 sync()
                 cur["total_s"] = time.perf_counter() - cur.pop("start")
-                top = peak()
+                top = peak_since_reset(device)
                 cur["peak_bytes"] = top - cur["baseline"]
                 if cuda:
                     cur["peak_allocated_bytes"] = top  # everything on the device: both models, optimizer state
@@ -149,9 +136,6 @@ class _PhaseTimer:
 
 def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_tokens: int, seed: int) -> dict:
     """Train `steps` steps with `trainer_name` (`"rockopd"` or `"gkd"`) in this process; per-step phase timings."""
-    import transformers
-
-    transformers.set_seed(seed)
     teacher, student, tokenizer = _models(pair)
     return train_steps(
         trainer_name, student, teacher, tokenizer, _prompts(batch * steps), steps, batch, max_new_tokens, seed,

@@ -498,11 +498,14 @@ class _StudentGrads:
         """Push `grad_logits`, the float32 `d loss / d z_s` of the chunk's rows, through the head."""
         if self.linear:
             head = self.heads.student
+            low = grad_logits.to(head.weight.dtype)  # one cast per chunk, shared by both products where they can
             if self.want_hidden:
-                self.hidden[rows] = grad_logits.to(head.weight.dtype) @ head.weight
+                self.hidden[rows] = low @ head.weight
+            # On CUDA half precision `_addmm_float32` rounds its first operand to `h`'s dtype: hand it the cast one.
+            g_t = (low if _half_on_cuda(h) and low.dtype == h.dtype else grad_logits).t()
             for i, p in enumerate(self.params):
                 if p is head.weight:
-                    self.head[i] = _addmm_float32(self.head[i], grad_logits.t(), h)
+                    self.head[i] = _addmm_float32(self.head[i], g_t, h)
                 else:
                     bias = grad_logits.sum(dim=0)
                     self.head[i] = bias if self.head[i] is None else self.head[i].add_(bias)
