@@ -43,6 +43,7 @@ from scipy import stats
 from transformers.utils import logging
 
 from .evaluation import extract_numeric_answer, load_gsm8k_problems  # one parser for the knockout and `hf-rockopd eval`
+from .modeling import check_same_vocabulary, vocab_size
 from .losses import logit_grad_norm, per_token_divergence, per_token_entropy
 from .rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 
@@ -146,10 +147,6 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: 
     return prompts
 
 
-def _model_vocab_size(model: torch.nn.Module) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
-
-
 def _as_chat(prompt: Any) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
 
@@ -235,12 +232,7 @@ def collect_token_table(
         raise ValueError("collect_token_table got no prompt. Give at least one prompt.")
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
-    student_vocab, teacher_vocab = _model_vocab_size(student), _model_vocab_size(teacher)
-    if student_vocab != teacher_vocab:
-        raise ValueError(
-            f"Student and teacher vocabularies differ: student {student_vocab}, teacher {teacher_vocab}. The lab "
-            "compares distributions token by token; use a teacher and student that share a tokenizer."
-        )
+    student_vocab = check_same_vocabulary(student, teacher)
     os.makedirs(output_dir, exist_ok=True)
     meta = {
         "tokenizer": getattr(tokenizer, "name_or_path", None) or None,
@@ -1064,7 +1056,7 @@ def knockout(
     """
     if not token_ids:
         raise ValueError("knockout got no token id to ban.")
-    vocab = _model_vocab_size(model)
+    vocab = vocab_size(model)
     bad = [i for i in token_ids if not 0 <= int(i) < vocab]
     if bad:
         raise ValueError(f"Token ids {bad[:5]} are outside the model's vocabulary of {vocab} ids.")

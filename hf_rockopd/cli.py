@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from . import analysis
+from .modeling import vocab_size
 from .rock_set import load_rock_set, save_rock_set
 
 
@@ -153,7 +154,7 @@ def _knockout(args: argparse.Namespace) -> int:
     problems = load_gsm8k_problems(args.problems, limit=args.limit)
     tokenizer = _load_tokenizer(args.tokenizer or args.model)
     model = _load_model(args.model, args)
-    ids = load_rock_set(args.rock_set, vocab_size=analysis._model_vocab_size(model))["token_ids"][: args.top]
+    ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]
     frame = analysis.knockout(
         model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         n_resamples=args.resamples, alpha=args.alpha, seed=args.seed,

@@ -36,6 +36,7 @@ import torch
 from transformers.utils import logging
 
 from .losses import per_token_divergence
+from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 from .rock_set import load_rock_set, validate_token_ids
 
 
@@ -416,28 +417,6 @@ def format_results_table(results: Mapping[str, EvalResult | Mapping[str, Any]]) 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _vocab_size(model: torch.nn.Module) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
-
-
-def _eos_ids(tokenizer: Any, model: torch.nn.Module | None = None) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-
-
-def _cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
-    """The completion up to and including its first eos: what follows is padding."""
-    ids = [int(i) for i in ids]
-    for position, token in enumerate(ids):
-        if token in eos_ids:
-            return ids[: position + 1]
-    return ids
-
-
 def encode_prompts(tokenizer: Any, problems: Sequence[Problem]) -> list[list[int]]:
     """Token ids of each problem's chat prompt (chat template with the generation prompt, no extra special tokens).
 
@@ -467,7 +446,7 @@ def generate_completions(
     # analysis imports this module's answer extraction, so its generation helper is imported here, not at the top.
     from .analysis import _generate
 
-    eos_ids = _eos_ids(tokenizer, model)
+    eos_ids = eos_token_ids(tokenizer, model)
     was_training = model.training
     model.eval()
     prompts, completions = [], []
@@ -477,7 +456,7 @@ def generate_completions(
             sequences, prompt_mask, prompt_len = _generate(model, tokenizer, [m for m, _ in chunk], max_new_tokens)
             for row, mask in zip(sequences.cpu(), prompt_mask.cpu()):
                 prompts.append(row[:prompt_len][mask.bool()].tolist())
-                completions.append(_cut_at_eos(row[prompt_len:].tolist(), eos_ids))
+                completions.append(cut_at_eos(row[prompt_len:].tolist(), eos_ids))
     finally:
         model.train(was_training)
     return prompts, completions
@@ -543,12 +522,7 @@ def score_completions(
 
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"Got {len(prompt_ids)} prompts but {len(completion_ids)} completions; give one of each.")
-    student_vocab, teacher_vocab = _vocab_size(student), _vocab_size(teacher)
-    if student_vocab != teacher_vocab:
-        raise ValueError(
-            f"Student and teacher vocabularies differ: student {student_vocab}, teacher {teacher_vocab}. The "
-            "divergence compares distributions token by token; use a teacher and student that share a tokenizer."
-        )
+    check_same_vocabulary(student, teacher)
     device = next(student.parameters()).device
     teacher_device = next(teacher.parameters()).device
     states = (student.training, teacher.training)
@@ -640,9 +614,9 @@ def evaluate_completions(
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     started = time.perf_counter()
-    vocab = _vocab_size(model)
+    vocab = vocab_size(model)
     rocks = _rock_id_list(rock_ids, vocab)
-    eos_ids = _eos_ids(tokenizer, model)
+    eos_ids = eos_token_ids(tokenizer, model)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
 
     records = []
@@ -757,12 +731,9 @@ def evaluate_gsm8k(
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     # Bad rock sets and vocabularies fail here, before minutes of generation.
-    _rock_id_list(rock_ids, _vocab_size(model))
-    if teacher is not None and _vocab_size(teacher) != _vocab_size(model):
-        raise ValueError(
-            f"Student and teacher vocabularies differ: student {_vocab_size(model)}, teacher {_vocab_size(teacher)}. "
-            "Use a teacher and student that share a tokenizer."
-        )
+    _rock_id_list(rock_ids, vocab_size(model))
+    if teacher is not None:
+        check_same_vocabulary(model, teacher)
     started = time.perf_counter()
     prompts, completions = generate_completions(
         model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.utils import is_peft_available, logging
+from transformers.utils import logging
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 
@@ -24,6 +24,7 @@ from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
 from .losses import ChunkedDivergence, chunked_divergence, chunked_weighted_loss, weighted_loss
 from .model_card import CARD_NAME, model_card_from_trainer
+from .modeling import backbone, check_same_vocabulary, logits_fn
 from .models import unpack_cpu_4bit_weights
 from .policies import TokenBatch, TokenPolicy, get_policy
 from .rock_set import check_rock_set_tokenizer, save_rock_set
@@ -52,57 +53,6 @@ def _without_gkd_migration_warning():
         yield
     finally:
         gkd_logger.removeFilter(drop)
-
-
-def _backbone(model: nn.Module) -> nn.Module:
-    """The decoder stack without the output head (`LlamaModel` for `LlamaForCausalLM`), through a PEFT wrapper."""
-    inner = model
-    if is_peft_available():
-        from peft import PeftModel
-
-        if isinstance(inner, PeftModel):
-            inner = inner.get_base_model()
-    backbone = getattr(inner, "base_model", inner)
-    if backbone is inner:
-        raise ValueError(
-            f"{type(inner).__name__} exposes no backbone through `base_model` (its `base_model_prefix` is empty), so "
-            "its hidden states cannot be projected in chunks. RockOPDTrainer supports transformers causal LMs."
-        )
-    return backbone
-
-
-def _logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Hidden states -> logits through the model's own output module, with its logit post-processing."""
-    head = model.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(model).__name__} has no output embeddings (`get_output_embeddings()` is None).")
-    config = model.config.get_text_config()
-    scale = getattr(config, "logit_scale", None)
-    softcap = getattr(config, "final_logit_softcapping", None)
-    if (scale is None or scale == 1.0) and softcap is None:
-        # The module itself, not a closure: a bare `nn.Linear` head gets the loss's hand-written, in-place gradient
-        # (one (V, H) buffer instead of one per chunk, see `losses._StudentGrads`).
-        return head
-
-    def fn(hidden: torch.Tensor) -> torch.Tensor:
-        logits = head(hidden)
-        if scale is not None and scale != 1.0:
-            logits = logits * scale
-        if softcap is not None:
-            logits = softcap * torch.tanh(logits / softcap)
-        return logits
-
-    return fn
-
-
-def _vocab_size(model: nn.Module) -> int:
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    config_vocab = model.config.get_text_config().vocab_size
-    # A bitsandbytes head stores packed weights; the config is then the only reliable size.
-    if weight is not None and weight.dim() == 2 and weight.shape[0] > 1 and not hasattr(weight, "quant_state"):
-        return int(weight.shape[0])
-    return int(config_vocab)
 
 
 def _check_supported_setup(args: RockOPDConfig) -> None:
@@ -271,13 +221,7 @@ class RockOPDTrainer(GKDTrainer):
 
         student = self.accelerator.unwrap_model(self.model)
         teacher = self.accelerator.unwrap_model(self.teacher_model)
-        student_vocab, teacher_vocab = _vocab_size(student), _vocab_size(teacher)
-        if student_vocab != teacher_vocab:
-            raise ValueError(
-                f"The student's output layer has {student_vocab} tokens but the teacher's has {teacher_vocab}. "
-                "Token-level distillation compares full next-token distributions, so both must share one vocabulary."
-            )
-        self._vocab_size = student_vocab
+        self._vocab_size = check_same_vocabulary(student, teacher)
         self.rock_policy.setup(self._vocab_size)
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
         for source in (getattr(self.rock_policy, "source", None), getattr(self.rock_policy, "rock_source", None)):
@@ -439,16 +383,16 @@ class RockOPDTrainer(GKDTrainer):
         chunk (`chunked_weighted_loss`, 4 matrix products per chunk); otherwise the per-row divergences stay
         differentiable for weights decided from them (`chunked_divergence`)."""
         model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
-        student_hidden = _backbone(student)(**model_inputs).last_hidden_state[:, :-1]
+        student_hidden = backbone(student)(**model_inputs).last_hidden_state[:, :-1]
 
         self.teacher_model.eval()
         teacher = self.accelerator.unwrap_model(self.teacher_model)
         with torch.no_grad():
             teacher_hidden = self._forward_redirection(
-                self.teacher_model, teacher, lambda **kw: _backbone(teacher)(**kw).last_hidden_state, **model_inputs
+                self.teacher_model, teacher, lambda **kw: backbone(teacher)(**kw).last_hidden_state, **model_inputs
             )[:, :-1]
 
-        student_logits, teacher_logits = _logits_fn(student), _logits_fn(teacher)
+        student_logits, teacher_logits = logits_fn(student), logits_fn(teacher)
         common = {
             "beta": self.beta,
             "temperature": self.args.loss_temperature,
