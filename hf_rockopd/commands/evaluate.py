@@ -1,0 +1,83 @@
+"""`hf-rockopd eval`: GSM8K accuracy, held-out divergence to the teacher and top-1 agreement of a saved model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .loading import LoadingArguments, load_model, load_problems, load_tokenizer
+from .parsing import Command, check_at_least, check_range
+
+__all__ = ["COMMANDS", "EvalArguments", "evaluate"]
+
+
+@dataclass
+class EvalArguments:
+    """Options of `eval`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.commands.evaluate import EvalArguments
+    >>> EvalArguments(model="runs/smollm2-rockopd", problems="gsm8k.jsonl", batch_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size must be an integer >= 1, got 0.
+    ```
+    """
+
+    model: str = field(metadata={"help": "The student (directory or Hub id)."})
+    problems: str = field(metadata={"help": "JSON lines with `question` and `answer`, or openai/gsm8k."})
+    teacher: str | None = field(
+        default=None, metadata={"help": "The teacher (same tokenizer); without it, accuracy only."}
+    )
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
+    split: str = field(default="train", metadata={"help": "Split when --problems is openai/gsm8k."})
+    question_field: str = field(default="question", metadata={"help": "Column holding the question."})
+    answer_field: str = field(default="answer", metadata={"help": "GSM8K solution ending in '#### <number>'."})
+    limit: int | None = field(default=None, metadata={"help": "Evaluate N problems."})
+    tail: bool = field(default=False, metadata={"help": "Take the last N problems (held out from training)."})
+    rock_set: str | None = field(
+        default=None, metadata={"help": "rock_tokens.json / rock_set.json for the non-rock divergence."}
+    )
+    max_new_tokens: int = field(default=256, metadata={"help": "Greedy new tokens per problem."})
+    batch_size: int = field(default=8, metadata={"help": "Problems generated at once."})
+    beta: float = field(default=1.0, metadata={"help": "The training divergence: 1 reverse KL, 0 forward KL."})
+    temperature: float = field(default=1.0, metadata={"help": "The training loss temperature."})
+    out: str | None = field(default=None, metadata={"help": "JSON of the result (EvalResult.to_dict)."})
+    records: bool = field(
+        default=False, metadata={"help": "Also write per-problem records (answers, texts) to --out."}
+    )
+
+    def __post_init__(self):
+        check_at_least(self, "limit", "max_new_tokens", "batch_size")
+        check_range(self, "beta", 0, 1)
+        check_range(self, "temperature", 0, float("inf"), low_open=True, high_open=True)
+
+
+def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
+    """Run `eval`: print the results table, and write it to `--out`."""
+    from ..evaluation import evaluate_gsm8k
+
+    problems = load_problems(
+        args.problems, limit=args.limit, tail=args.tail, split=args.split,
+        question_field=args.question_field, answer_field=args.answer_field,
+    )
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    model = load_model(args.model, loading)
+    teacher = load_model(args.teacher, loading) if args.teacher else None
+    result = evaluate_gsm8k(
+        model, tokenizer, problems, teacher=teacher, rock_ids=args.rock_set, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
+    )
+    result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
+                           rock_set=args.rock_set)
+    print(result.table())
+    if args.out:
+        result.save(args.out, include_records=args.records)
+        print(f"wrote {args.out}")
+    return 0
+
+
+COMMANDS = (
+    Command("eval", "GSM8K accuracy, held-out divergence to the teacher, top-1 agreement",
+            (EvalArguments, LoadingArguments), evaluate),
+)

@@ -1,0 +1,64 @@
+"""What the lab and `eval` commands load: models, tokenizers and GSM8K problems, with the options for it.
+
+The imports of other packages' loaders sit in one function each, inside the function, so a command's `--help` does
+not import torch and a moved loader is a one-line change here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["LoadingArguments", "load_model", "load_problems", "load_tokenizer"]
+
+
+@dataclass
+class LoadingArguments:
+    """Where and in which precision the commands that run a model load it.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.commands.loading import LoadingArguments
+    >>> LoadingArguments(dtype="bfloat16").device
+    'cpu'
+    ```
+    """
+
+    dtype: Literal["float32", "bfloat16", "float16"] = field(
+        default="float32", metadata={"help": "Dtype the models are loaded in."}
+    )
+    device: str = field(default="cpu", metadata={"help": "Device the models run on (cpu, cuda, cuda:1, ...)."})
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {self.dtype!r}.")
+
+
+def load_model(name: str, loading: LoadingArguments):
+    """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`)."""
+    import torch
+
+    from ..models import resolve_causal_lm
+
+    return resolve_causal_lm(name, dtype=getattr(torch, loading.dtype), with_tokenizer=False).model.to(loading.device)
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of a path or Hub id; offline, SmolLM2's comes with its GGUF (or the converted copy of it)."""
+    from transformers import AutoTokenizer
+
+    from ..models import SMOLLM2_ID, resolve_causal_lm
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError:
+        if name != SMOLLM2_ID:
+            raise
+        return resolve_causal_lm(name).tokenizer
+
+
+def load_problems(source: Any, **kwargs: Any) -> list:
+    """GSM8K problems as `(messages, gold)` pairs (`load_gsm8k_problems`'s keyword arguments)."""
+    from ..evaluation import load_gsm8k_problems
+
+    return load_gsm8k_problems(source, **kwargs)
