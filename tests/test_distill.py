@@ -12,8 +12,9 @@ from huggingface_hub import ModelCard
 
 from hf_rockopd import RockOPDConfig, distill
 from hf_rockopd.cli import main as cli_main
+from hf_rockopd.commands.distill import parse_arguments
 from hf_rockopd.data import PromptTooLongError
-from hf_rockopd.distill import DistillArguments, load_gsm8k_split, parse_arguments, run_distillation
+from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_gsm8k_split, run_distillation
 from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
 
 
@@ -117,7 +118,8 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run):
 
 def test_lora_run_saves_an_adapter(tiny_run):
     tmp_path, script, args = tiny_run
-    result = run_distillation(script(use_lora=True, lora_r=4, lora_alpha=8, skip_eval=True, num_eval_problems=0), args())
+    result = run_distillation(script(skip_eval=True, num_eval_problems=0), args(),
+                              StudentModelConfig(use_peft=True, lora_r=4, lora_alpha=8))
     run = tmp_path / "run"
     assert (run / "adapter_config.json").is_file() and (run / "adapter_model.safetensors").is_file()
     assert not (run / "model.safetensors").exists()
@@ -127,11 +129,11 @@ def test_lora_run_saves_an_adapter(tiny_run):
 
 
 def test_4bit_student_trains_lora_adapters(tiny_run):
-    """--student_4bit: the pruned student is quantized to nf4 through bitsandbytes and trained with LoRA (QLoRA)."""
+    """--load_in_4bit: the pruned student is quantized to nf4 through bitsandbytes and trained with LoRA (QLoRA)."""
     pytest.importorskip("bitsandbytes")
     tmp_path, script, args = tiny_run
-    result = run_distillation(script(student_4bit=True, lora_r=4, lora_alpha=8, skip_eval=True, num_eval_problems=0),
-                              args())
+    result = run_distillation(script(skip_eval=True, num_eval_problems=0), args(),
+                              StudentModelConfig(load_in_4bit=True, lora_r=4, lora_alpha=8))
     run = tmp_path / "run"
     assert result.report["student"]["load_in_4bit"] is True and result.report["student"]["adapter"] is True
     assert result.report["training"]["lora"]["load_in_4bit"] is True
@@ -145,19 +147,19 @@ def test_4bit_student_trains_lora_adapters(tiny_run):
 
 def test_yaml_config_and_flags(tmp_path):
     config = tmp_path / "distill.yaml"
-    config.write_text(yaml.safe_dump({"max_steps": 7, "use_lora": True, "num_eval_problems": 5,
+    config.write_text(yaml.safe_dump({"max_steps": 7, "use_peft": True, "num_eval_problems": 5,
                                       "rock_policy": "uniform", "output_dir": str(tmp_path / "out")}))
-    script, args = parse_arguments(["--config", str(config), "--max_steps", "3"])
+    script, args, model_args = parse_arguments(["--config", str(config), "--max_steps", "3"])
     assert args.max_steps == 3  # the command line wins over the file
-    assert script.use_lora and script.num_eval_problems == 5 and args.rock_policy == "uniform"
+    assert model_args.use_peft and script.num_eval_problems == 5 and args.rock_policy == "uniform"
     assert args.output_dir == str(tmp_path / "out")
     # Unset options take the embedded defaults, not TRL's.
     assert args.per_device_train_batch_size == 4 and args.max_new_tokens == 96 and script.student_num_layers is None
     assert args.rock_policy_kwargs == {}  # uniform takes no kwargs: the rock_online defaults are not forced on it
-    _, args = parse_arguments([])
+    _, args, _ = parse_arguments([])
     assert args.rock_policy == "rock_online" and args.rock_policy_kwargs["warmup_steps"] == 6
-    script, _ = parse_arguments(["--student_4bit"])
-    assert script.use_lora  # QLoRA means LoRA
+    _, _, model_args = parse_arguments(["--load_in_4bit"])
+    assert model_args.use_peft  # QLoRA means LoRA
 
 
 def test_cli_runs_end_to_end(tiny_run, capsys):
@@ -232,18 +234,18 @@ def test_teacher_student_tokenizer_mismatch(tmp_path, tiny_run):
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "arguments, overrides, message",
     [
-        ({"num_train_prompts": 0}, "num_train_prompts must be an integer >= 1, got 0"),
-        ({"num_eval_problems": 0}, "num_eval_problems must be >= 1 unless skip_eval"),
-        ({"student_layers": []}, "student_layers is empty"),
-        ({"lora_dropout": 1.5}, r"lora_dropout must be in \[0, 1\), got 1.5"),
-        ({"student_num_layers": 0}, "student_num_layers must be >= 1, got 0"),
+        (DistillArguments, {"num_train_prompts": 0}, "num_train_prompts must be an integer >= 1, got 0"),
+        (DistillArguments, {"num_eval_problems": 0}, "num_eval_problems must be >= 1 unless skip_eval"),
+        (DistillArguments, {"student_layers": []}, "student_layers is empty"),
+        (StudentModelConfig, {"lora_dropout": 1.5}, r"lora_dropout must be in \[0, 1\), got 1.5"),
+        (DistillArguments, {"student_num_layers": 0}, "student_num_layers must be >= 1, got 0"),
     ],
 )
-def test_bad_arguments(overrides, message):
+def test_bad_arguments(arguments, overrides, message):
     with pytest.raises(ValueError, match=message):
-        DistillArguments(**overrides)
+        arguments(**overrides)
 
 
 def test_unpruned_teacher_copy_is_refused(tiny_run):
@@ -285,9 +287,9 @@ def test_two_steps_on_the_real_smollm2_pair(tmp_path):
 def test_example_config_is_the_embedded_default():
     """examples/configs/distill_smollm2.yaml spells out the built-in defaults (plus the dataset path)."""
     config = os.path.join(os.path.dirname(__file__), "..", "examples", "configs", "distill_smollm2.yaml")
-    script, args = parse_arguments(["--config", config])
-    default_script, default_args = parse_arguments(["--dataset", "../shared/data/gsm8k/train.jsonl"])
-    assert args.to_dict() == default_args.to_dict()
+    script, args, model_args = parse_arguments(["--config", config])
+    default_script, default_args, default_model_args = parse_arguments(["--dataset", "../shared/data/gsm8k/train.jsonl"])
+    assert args.to_dict() == default_args.to_dict() and model_args == default_model_args
     assert script.student_num_layers == 24 and default_script.student_num_layers is None  # None means 24 for a copy
     script.student_num_layers = None
     assert script == default_script
