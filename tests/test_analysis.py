@@ -265,7 +265,7 @@ def test_collect_score_end_to_end_through_the_cli(tmp_path, tokenizer, student, 
     prompts.write_text("".join(json.dumps({"question": f"What is {i} + {i}?"}) + "\n" for i in range(6)))
     table_dir = tmp_path / "table"
     args = ["analyze", "collect", "--student", str(tmp_path / "student"), "--teacher", str(tmp_path / "teacher"),
-            "--prompts", str(prompts), "--out", str(table_dir), "--max-new-tokens", "8", "--batch-size", "4"]
+            "--prompts", str(prompts), "--out", str(table_dir), "--max_new_tokens", "8", "--batch_size", "4"]
     assert main(args) == 0
     table = load_token_table(table_dir)
     assert sorted(p.name for p in table_dir.glob("*.parquet")) == [
@@ -292,35 +292,35 @@ def test_collect_score_end_to_end_through_the_cli(tmp_path, tokenizer, student, 
     assert (table_dir / "part-00000.parquet").stat().st_mtime_ns == first
     assert load_token_table(table_dir).frame.equals(table.frame)
     # Other settings into the same directory would mix two corpora.
-    assert main(args[:-4] + ["--max-new-tokens", "9", "--batch-size", "4"]) == 2
+    assert main(args[:-4] + ["--max_new_tokens", "9", "--batch_size", "4"]) == 2
     assert "collected with other settings" in capsys.readouterr().err
 
     rock_set = tmp_path / "rock_set.json"
-    assert main(["analyze", "score", str(table_dir), "--top-k", "3", "--exclude-top-frequent", "1",
+    assert main(["analyze", "score", str(table_dir), "--top_k", "3", "--exclude_top_frequent", "1",
                  "--out", str(rock_set)]) == 0
     out = capsys.readouterr().out
     assert "rock tokens: 3 types" in out and "generated tokens" in out
     assert len(load_rock_set(rock_set, vocab_size=259)["token_ids"]) == 3
-    assert main(["analyze", "score", str(table_dir), "--top-k", "100000", "--out", str(rock_set)]) == 2
+    assert main(["analyze", "score", str(table_dir), "--top_k", "100000", "--out", str(rock_set)]) == 2
     assert "exceeds the" in capsys.readouterr().err
-    assert main(["analyze", "gradients", str(table_dir), "--rock-set", str(rock_set)]) == 0
+    assert main(["analyze", "gradients", str(table_dir), "--rock_set", str(rock_set)]) == 0
     out = capsys.readouterr().out
     assert "rock" in out and "random_matched" in out
     controls = tmp_path / "controls.json"
-    assert main(["analyze", "controls", str(table_dir), "--rock-set", str(rock_set), "--out", str(controls)]) == 0
+    assert main(["analyze", "controls", str(table_dir), "--rock_set", str(rock_set), "--out", str(controls)]) == 0
     control_ids = load_rock_set(controls, vocab_size=259)["token_ids"]
     assert len(control_ids) == 3 and not set(control_ids) & set(load_rock_set(rock_set)["token_ids"])
     # Compare a table with itself: nothing moves, so no test is run and every shift is 0.
-    assert main(["analyze", "compare", str(table_dir), str(table_dir), "--rock-set", str(rock_set)]) == 0
+    assert main(["analyze", "compare", str(table_dir), str(table_dir), "--rock_set", str(rock_set)]) == 0
     assert "median_shift" in capsys.readouterr().out
     assert main(["analyze", "stability", str(table_dir), "--ks", "2", "3", "--sizes", "2", "--repeats", "2",
-                 "--exclude-top-frequent", "1"]) == 0
+                 "--exclude_top_frequent", "1"]) == 0
     assert "recommended K" in capsys.readouterr().out
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": f"#### {2 * i}"}) + "\n" for i in range(3)))
     verdicts = tmp_path / "knockout.csv"
     assert main(["analyze", "knockout", "--model", str(tmp_path / "student"), "--problems", str(problems),
-                 "--rock-set", str(rock_set), "--top", "2", "--max-new-tokens", "4", "--resamples", "100",
+                 "--rock_set", str(rock_set), "--top", "2", "--max_new_tokens", "4", "--resamples", "100",
                  "--out", str(verdicts)]) == 0
     assert "baseline accuracy 0.000 on 3 problems" in capsys.readouterr().out  # a random tiny model solves nothing
     assert len(pd.read_csv(verdicts)) == 2

@@ -268,8 +268,8 @@ def test_cli_eval_writes_json_that_reads_back(tmp_path, tokenizer, student, teac
     rock_set.write_text(json.dumps({"token_ids": [32, 61], "vocab_size": 259}))
     out = tmp_path / "eval.json"
     argv = ["eval", "--model", str(tmp_path / "student"), "--teacher", str(tmp_path / "teacher"), "--problems",
-            str(problems), "--limit", "3", "--tail", "--rock-set", str(rock_set), "--max-new-tokens", "6",
-            "--batch-size", "2", "--out", str(out)]
+            str(problems), "--limit", "3", "--tail", "--rock_set", str(rock_set), "--max_new_tokens", "6",
+            "--batch_size", "2", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "mean divergence (non-rock)" in printed and f"wrote {out}" in printed

@@ -154,11 +154,11 @@ def test_collect_score_report_on_tiny_models_through_the_cli(tmp_path, tokenizer
     prompts.write_text("".join(json.dumps({"question": f"What is {i} + {i}?"}) + "\n" for i in range(8)))
     table_dir, rock_set, out = tmp_path / "table", tmp_path / "rock_set.json", tmp_path / "report"
     assert main(["analyze", "collect", "--student", str(tmp_path / "student"), "--teacher", str(tmp_path / "teacher"),
-                 "--prompts", str(prompts), "--out", str(table_dir), "--max-new-tokens", "10"]) == 0
-    assert main(["analyze", "score", str(table_dir), "--top-k", "4", "--exclude-top-frequent", "1",
+                 "--prompts", str(prompts), "--out", str(table_dir), "--max_new_tokens", "10"]) == 0
+    assert main(["analyze", "score", str(table_dir), "--top_k", "4", "--exclude_top_frequent", "1",
                  "--out", str(rock_set)]) == 0
     printed = capsys.readouterr().out
-    assert main(["analyze", "report", str(table_dir), "--rock-set", str(rock_set), "--out", str(out)]) == 0
+    assert main(["analyze", "report", str(table_dir), "--rock_set", str(rock_set), "--out", str(out)]) == 0
     assert "4 figures" in capsys.readouterr().out
     headline = json.loads((out / "report.json").read_text(encoding="utf-8"))
     # The report states what `score` printed: the same share of generated tokens and the same divergence coverage.
@@ -174,7 +174,7 @@ def test_collect_score_report_on_tiny_models_through_the_cli(tmp_path, tokenizer
     payload = json.loads(rock_set.read_text())
     payload["token_ids"] = payload["token_ids"][::-1]
     rock_set.write_text(json.dumps(payload))
-    assert main(["analyze", "report", str(table_dir), "--rock-set", str(rock_set), "--out", str(out)]) == 2
+    assert main(["analyze", "report", str(table_dir), "--rock_set", str(rock_set), "--out", str(out)]) == 2
     assert "was not scored from" in capsys.readouterr().err
 
 
