@@ -1,0 +1,492 @@
+"""Text-quality measures that a degenerate student cannot fool: repetition, loops, distinct-n, finished answers, accuracy.
+
+On-policy divergence is measured on the student's own samples, and once a phrase repeats in context the teacher
+predicts the repetition too, so a student that loops ("…20 cookies, 20 cookies, 20 cookies…") *lowers* its on-policy
+divergence while its text gets worse. These measures look at the text itself and are reported beside the divergence:
+
+- `repeated_ngram_fraction`: 1 − distinct/total n-grams of one completion (n = 4): 0 for text that never repeats a
+  4-gram, towards 1 for a loop.
+- `find_loop` / `loop_rate`: a span of 1..`max_period` tokens repeated back to back at least `min_repeats` times,
+  covering at least `min_span` tokens; the share of completions that contain one.
+- `distinct_n`: corpus distinct-n (distinct n-grams over all n-grams of all completions), n = 1, 2.
+- `is_finished` / `finished_rate` / `clipped_rate`: a stop id before the token limit; the limit hit without one.
+- `accuracy_interval`: accuracy with its 95 % Wilson interval.
+- `TextQuality` / `text_quality`: all of these for one list of completions, JSON-ready.
+
+Every function is pure and takes token ids (or any hashable tokens: `split_text` cuts a text into tokens the way a
+BPE pre-tokenizer does, so the same defaults apply to texts).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "DEFAULT_MAX_PERIOD",
+    "DEFAULT_MIN_REPEATS",
+    "DEFAULT_MIN_SPAN",
+    "DEFAULT_NGRAM",
+    "Loop",
+    "Proportion",
+    "TextQuality",
+    "accuracy_interval",
+    "clipped_rate",
+    "distinct_n",
+    "find_loop",
+    "finished_rate",
+    "is_clipped",
+    "is_finished",
+    "loop_rate",
+    "repeated_ngram_fraction",
+    "split_text",
+    "strip_stop",
+    "text_quality",
+]
+
+DEFAULT_NGRAM = 4
+# The loop defaults were chosen on GSM8K's 7,473 reference solutions cut by `split_text` (digits one per token, as
+# the SmolLM2 and Qwen tokenizers do): "20 cookies, 20 cookies, 20 cookies" spans 14 tokens (period 5), the gallons
+# loop ("the number of gallons in the first gallon, which is …" three times) 29 tokens (period 11). With 3 repeats and
+# 12 tokens, 13 of the 7,473 solutions (0.17 %) are flagged, all written-out sums or products ("3 cars + 3 cars +
+# 3 cars + 3 cars", "2*2*2*…"), which have the very shape of a short loop; a lower span flags digit runs and
+# "+ 2 + 2 +", a higher one misses the cookies. Two back-to-back copies are not a loop: reference solutions restate
+# an equation line ("2L + 11 = 35\n2L + 11 = 35") often enough, and `repeated_ngram_fraction` measures milder repetition.
+DEFAULT_MAX_PERIOD = 40
+DEFAULT_MIN_REPEATS = 3
+DEFAULT_MIN_SPAN = 12
+
+# The Qwen2 / GPT-4-style pre-tokenizer with the standard library's `re` (`[^\W\d_]` is a letter): words with their
+# leading space, single digits, punctuation runs, newlines. Texts then cut into units about as long as BPE tokens.
+_PRE_TOKENIZER = re.compile(r"[^\r\n\w]?[^\W\d_]+|\d| ?[^\s\w]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def split_text(text: str) -> list[str]:
+    """Cut a text into BPE-sized pieces (words with their leading space, single digits, punctuation, newlines).
+
+    The pieces join back to the text, and the loop defaults, chosen in token ids, apply to them.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import split_text
+    >>> split_text("He has 20 cookies, 20 cookies.")
+    ['He', ' has', ' ', '2', '0', ' cookies', ',', ' ', '2', '0', ' cookies', '.']
+    ```
+    """
+    return _PRE_TOKENIZER.findall(text)
+
+
+def strip_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
+    """The completion before its first stop id: the text whose quality is measured (the stop id and padding go).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import strip_stop
+    >>> strip_stop([5, 6, 2, 0, 0], [2])
+    [5, 6]
+    ```
+    """
+    stops = {int(i) for i in stop_ids}
+    ids = [int(i) for i in ids]
+    for position, token in enumerate(ids):
+        if token in stops:
+            return ids[:position]
+    return ids
+
+
+def _ngrams(tokens: Sequence[Hashable], n: int) -> list[tuple]:
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}.")
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def repeated_ngram_fraction(tokens: Sequence[Hashable], n: int = DEFAULT_NGRAM) -> float:
+    """1 − distinct/total n-grams of one completion: the share of its n-grams that repeat an earlier one.
+
+    NaN when the completion has fewer than `n` tokens (no n-gram: nothing to measure, not "no repetition").
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import repeated_ngram_fraction
+    >>> repeated_ngram_fraction([1, 2, 3, 4, 5])
+    0.0
+    >>> repeated_ngram_fraction([1, 2, 1, 2, 1, 2, 1], n=2)  # 6 bigrams, 2 distinct
+    0.6666666666666667
+    ```
+    """
+    grams = _ngrams(tokens, n)
+    if not grams:
+        return float("nan")
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+def distinct_n(completions: Iterable[Sequence[Hashable]], n: int = 1) -> float:
+    """Corpus distinct-n: distinct n-grams over all n-grams of all completions (NaN when there is none).
+
+    A student that says the same thing in every answer has a low distinct-n even if no single answer loops.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import distinct_n
+    >>> distinct_n([[1, 2, 3], [1, 2, 4]], n=1), distinct_n([[1, 2, 3], [1, 2, 4]], n=2)
+    (0.6666666666666666, 0.75)
+    ```
+    """
+    grams = [g for tokens in completions for g in _ngrams(tokens, n)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A span of `period` tokens repeated back to back from `start`, covering `span` tokens (`repeats` = span/period).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import Loop
+    >>> Loop(start=2, period=3, repeats=3.0, span=9).to_dict()
+    {'start': 2, 'period': 3, 'repeats': 3.0, 'span': 9}
+    ```
+    """
+
+    start: int
+    period: int
+    repeats: float
+    span: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict."""
+        return asdict(self)
+
+
+def find_loop(
+    tokens: Sequence[Hashable],
+    max_period: int = DEFAULT_MAX_PERIOD,
+    min_repeats: int = DEFAULT_MIN_REPEATS,
+    min_span: int = DEFAULT_MIN_SPAN,
+) -> Loop | None:
+    """The longest loop in a completion: a span of 1..`max_period` tokens repeated back to back, else None.
+
+    A run where `tokens[i] == tokens[i + p]` for `L` consecutive positions is `(L + p) / p` copies of a period-`p`
+    span. It is a loop when it covers at least `min_span` tokens and has at least `min_repeats` copies, a final copy
+    counting when at least half of it is there: "20 cookies, 20 cookies, 20 cookies" is three copies of
+    "20 cookies, " whose last comma never comes. `min_span` keeps digit runs ("1000000") and short written-out sums
+    from counting; see `DEFAULT_MIN_SPAN` for how the defaults were chosen.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import find_loop, split_text
+    >>> find_loop(split_text("So he has 20 cookies, 20 cookies, 20 cookies"))
+    Loop(start=3, period=5, repeats=2.8, span=14)
+    >>> find_loop(split_text("Natalia sold 48/2 = 24 clips in May and 48+24 = 72 clips in all.")) is None
+    True
+    ```
+    """
+    if max_period < 1 or min_repeats < 2 or min_span < 1:
+        raise ValueError(
+            f"find_loop needs max_period >= 1, min_repeats >= 2, min_span >= 1; got {max_period}, {min_repeats}, "
+            f"{min_span}."
+        )
+    # Map the tokens (ids or strings) to small integers so numpy compares them in one pass per period.
+    codes: dict[Hashable, int] = {}
+    array = np.fromiter((codes.setdefault(t, len(codes)) for t in tokens), dtype=np.int64, count=len(tokens))
+    best: Loop | None = None
+    for period in range(1, min(max_period, len(array) // 2) + 1):
+        same = np.concatenate(([False], array[period:] == array[:-period], [False]))
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+        for run_start, run_end in zip(edges[::2], edges[1::2]):
+            span = int(run_end - run_start) + period
+            # floor(x + 0.5): a final copy counts when at least half of it is there (see the docstring).
+            if span < min_span or math.floor(span / period + 0.5) < min_repeats:
+                continue
+            # The longest wins; at equal span the shortest period (the smaller periods are tried first).
+            if best is None or span > best.span:
+                best = Loop(start=int(run_start), period=period, repeats=round(span / period, 4), span=span)
+    return best
+
+
+def loop_rate(
+    completions: Sequence[Sequence[Hashable]],
+    max_period: int = DEFAULT_MAX_PERIOD,
+    min_repeats: int = DEFAULT_MIN_REPEATS,
+    min_span: int = DEFAULT_MIN_SPAN,
+) -> float:
+    """The share of completions that contain a loop (`find_loop`); NaN for no completion.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import loop_rate
+    >>> loop_rate([[1, 2, 3, 4], [5, 6] * 8])
+    0.5
+    ```
+    """
+    return _share([find_loop(c, max_period, min_repeats, min_span) is not None for c in completions])
+
+
+def _check_limit(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+
+
+def is_finished(ids: Sequence[int], stop_ids: Iterable[int], max_new_tokens: int) -> bool:
+    """Whether the completion ended by itself: a stop id among its first `max_new_tokens` tokens.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import is_finished
+    >>> is_finished([5, 6, 2, 0], stop_ids=[2], max_new_tokens=4), is_finished([5, 6, 7, 8], [2], 4)
+    (True, False)
+    ```
+    """
+    _check_limit(max_new_tokens)
+    stops = {int(i) for i in stop_ids}
+    return any(int(token) in stops for token in list(ids)[:max_new_tokens])
+
+
+def is_clipped(ids: Sequence[int], stop_ids: Iterable[int], max_new_tokens: int) -> bool:
+    """Whether the completion hit `max_new_tokens` without a stop id (cut by the limit, as the evaluation counts it).
+
+    A completion shorter than the limit without a stop id (cut by a stop string, say) is neither finished nor clipped.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import is_clipped
+    >>> is_clipped([5, 6, 7, 8], stop_ids=[2], max_new_tokens=4), is_clipped([5, 6], [2], 4)
+    (True, False)
+    ```
+    """
+    return not is_finished(ids, stop_ids, max_new_tokens) and len(ids) >= max_new_tokens
+
+
+def finished_rate(completions: Sequence[Sequence[int]], stop_ids: Iterable[int], max_new_tokens: int) -> float:
+    """The share of completions that end with a stop id before the limit (`is_finished`); NaN for none.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import finished_rate
+    >>> finished_rate([[5, 2], [5, 6, 7]], stop_ids=[2], max_new_tokens=3)
+    0.5
+    ```
+    """
+    stops = [int(i) for i in stop_ids]
+    return _share([is_finished(c, stops, max_new_tokens) for c in completions])
+
+
+def clipped_rate(completions: Sequence[Sequence[int]], stop_ids: Iterable[int], max_new_tokens: int) -> float:
+    """The share of completions cut by the limit without a stop id (`is_clipped`); NaN for none.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import clipped_rate
+    >>> clipped_rate([[5, 2], [5, 6, 7]], stop_ids=[2], max_new_tokens=3)
+    0.5
+    ```
+    """
+    stops = [int(i) for i in stop_ids]
+    return _share([is_clipped(c, stops, max_new_tokens) for c in completions])
+
+
+def _share(flags: Sequence[bool]) -> float:
+    return float(np.mean(flags)) if len(flags) else float("nan")
+
+
+@dataclass(frozen=True)
+class Proportion:
+    """A share with its confidence interval: `successes` of `trials`, `estimate` in [`low`, `high`].
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import Proportion
+    >>> Proportion(successes=0, trials=0, estimate=float("nan"), low=float("nan"), high=float("nan")).to_dict()
+    {'successes': 0, 'trials': 0, 'estimate': None, 'low': None, 'high': None, 'confidence': 0.95}
+    ```
+    """
+
+    successes: int
+    trials: int
+    estimate: float
+    low: float
+    high: float
+    confidence: float = 0.95
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict (NaN, undefined for no trial, becomes None: JSON has no NaN)."""
+        return {k: _json_float(v) for k, v in asdict(self).items()}
+
+    def format(self, digits: int = 3) -> str:
+        """`estimate [low, high]`, e.g. for tables."""
+        if self.trials == 0:
+            return "n/a"
+        return f"{self.estimate:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def accuracy_interval(correct: int | Sequence[bool], trials: int | None = None, confidence: float = 0.95) -> Proportion:
+    """Accuracy with its Wilson score interval (`scipy.stats.binomtest(...).proportion_ci(method="wilson")`).
+
+    The Wilson interval keeps its coverage at 0/n and n/n and for small n, where the normal (Wald) interval collapses
+    to a point: 0 of 16 correct is [0, 0.194], not [0, 0]. Pass either per-problem flags, or a count and `trials`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import accuracy_interval
+    >>> accuracy_interval(3, 8).format()
+    '0.375 [0.137, 0.694]'
+    >>> accuracy_interval([True, False, False, False]).estimate
+    0.25
+    ```
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    if trials is None:
+        if isinstance(correct, (int, np.integer)):
+            raise ValueError("accuracy_interval needs `trials` with a count of correct answers.")
+        flags = [bool(c) for c in correct]
+        successes, trials = sum(flags), len(flags)
+    else:
+        successes = int(correct)
+    if trials < 0 or not 0 <= successes <= trials:
+        raise ValueError(f"Need 0 <= correct <= trials, got {successes} of {trials}.")
+    if trials == 0:
+        nan = float("nan")
+        return Proportion(successes=0, trials=0, estimate=nan, low=nan, high=nan, confidence=confidence)
+    interval = stats.binomtest(successes, trials).proportion_ci(confidence_level=confidence, method="wilson")
+    low, high = float(interval.low), float(interval.high)
+    return Proportion(successes, trials, successes / trials, low, high, confidence=confidence)
+
+
+def _json_float(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+@dataclass(frozen=True)
+class TextQuality:
+    """The text quality of one list of completions (see the module docstring for each measure).
+
+    Parameters:
+        num_completions: completions measured.
+        finished_rate: share that end with a stop id before `max_new_tokens`.
+        clipped_rate: share cut by the limit without a stop id.
+        repeated_ngram_fraction: mean over completions (with at least `ngram` tokens) of 1 − distinct/total n-grams.
+        ngram: the n of `repeated_ngram_fraction`.
+        loop_rate: share of completions containing a loop (`find_loop` with `loop_settings`).
+        distinct_1, distinct_2: corpus distinct-1 and distinct-2.
+        mean_length: mean completion length in tokens, stop id and padding excluded.
+        accuracy: accuracy with its Wilson interval, when correctness was given, else None.
+        loop_settings: `max_period`, `min_repeats`, `min_span` of the loop detector.
+
+    NaN (undefined, e.g. for no completion) is None in `to_dict()`, so the dict is valid JSON.
+
+    Example:
+    ```python
+    >>> import json
+    >>> from hf_rockopd.quality import TextQuality, text_quality
+    >>> q = text_quality([[5, 6, 2], [5, 7, 8, 9]], stop_ids=[2], max_new_tokens=4, correct=[True, False])
+    >>> q.accuracy.format(), q.finished_rate
+    ('0.500 [0.095, 0.905]', 0.5)
+    >>> TextQuality.from_dict(json.loads(json.dumps(q.to_dict()))) == q
+    True
+    ```
+    """
+
+    num_completions: int
+    finished_rate: float
+    clipped_rate: float
+    repeated_ngram_fraction: float
+    ngram: int
+    loop_rate: float
+    distinct_1: float
+    distinct_2: float
+    mean_length: float
+    accuracy: Proportion | None = None
+    loop_settings: Mapping[str, int] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict (for `run_report.json`, `eval.json` and the card)."""
+        data = {f.name: _json_float(getattr(self, f.name)) for f in fields(self)}
+        data["accuracy"] = None if self.accuracy is None else self.accuracy.to_dict()
+        data["loop_settings"] = None if self.loop_settings is None else dict(self.loop_settings)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TextQuality:
+        """Read back a `to_dict()`; a missing key is a `ValueError` naming it (None reads back as NaN)."""
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is not None]
+        if missing:
+            raise ValueError(f"A text-quality dict lacks {missing}.")
+        nested = ("accuracy", "loop_settings")
+        values = {f.name: _nan_if_none(data[f.name]) for f in fields(cls) if f.name not in nested}
+        accuracy, settings = data.get("accuracy"), data.get("loop_settings")
+        return cls(
+            **values,
+            accuracy=None if accuracy is None else Proportion(**{k: _nan_if_none(v) for k, v in accuracy.items()}),
+            loop_settings=None if settings is None else dict(settings),
+        )
+
+
+def _nan_if_none(value: Any) -> Any:
+    return float("nan") if value is None else value
+
+
+def text_quality(
+    completions: Sequence[Sequence[int]],
+    stop_ids: Iterable[int],
+    max_new_tokens: int,
+    correct: Sequence[bool] | None = None,
+    ngram: int = DEFAULT_NGRAM,
+    max_period: int = DEFAULT_MAX_PERIOD,
+    min_repeats: int = DEFAULT_MIN_REPEATS,
+    min_span: int = DEFAULT_MIN_SPAN,
+    confidence: float = 0.95,
+) -> TextQuality:
+    """Every text-quality measure of a list of generated completions (token ids, as generated: padding is fine).
+
+    Finished and clipped are read from the raw completions; the repetition measures from each completion before its
+    first stop id, so the stop id and the padding after it are not counted as repeated text.
+
+    Args:
+        completions: the generated ids of each completion, without the prompt.
+        stop_ids: the ids that end a completion (`hf_rockopd.modeling.eos_token_ids`).
+        max_new_tokens: the generation limit the completions were produced with.
+        correct: per-completion correctness, for the accuracy and its interval (optional).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import text_quality
+    >>> looping = [[4, 5, 6] * 6]                 # never stops, repeats a 3-token span 6 times
+    >>> q = text_quality(looping, stop_ids=[2], max_new_tokens=18)
+    >>> q.loop_rate, q.clipped_rate, round(q.repeated_ngram_fraction, 3)
+    (1.0, 1.0, 0.8)
+    ```
+    """
+    stops = [int(i) for i in stop_ids]
+    _check_limit(max_new_tokens)
+    if correct is not None and len(correct) != len(completions):
+        raise ValueError(f"Got {len(correct)} correctness flags for {len(completions)} completions.")
+    texts = [strip_stop(c, stops) for c in completions]
+    return TextQuality(
+        num_completions=len(completions),
+        finished_rate=finished_rate(completions, stops, max_new_tokens),
+        clipped_rate=clipped_rate(completions, stops, max_new_tokens),
+        repeated_ngram_fraction=_nanmean([repeated_ngram_fraction(t, ngram) for t in texts]),
+        ngram=ngram,
+        loop_rate=loop_rate(texts, max_period=max_period, min_repeats=min_repeats, min_span=min_span),
+        distinct_1=distinct_n(texts, 1),
+        distinct_2=distinct_n(texts, 2),
+        mean_length=float(np.mean([len(t) for t in texts])) if texts else float("nan"),
+        accuracy=None if correct is None else accuracy_interval(list(correct), confidence=confidence),
+        loop_settings={
+            "max_period": max_period,
+            "min_repeats": min_repeats,
+            "min_span": min_span,
+        },
+    )
