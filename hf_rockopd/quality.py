@@ -195,19 +195,26 @@ def find_loop(
     # Map the tokens (ids or strings) to small integers so numpy compares them in one pass per period.
     codes: dict[Hashable, int] = {}
     array = np.fromiter((codes.setdefault(t, len(codes)) for t in tokens), dtype=np.int64, count=len(tokens))
-    best: Loop | None = None
-    for period in range(1, min(max_period, len(array) // 2) + 1):
-        same = np.concatenate(([False], array[period:] == array[:-period], [False]))
-        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
-        for run_start, run_end in zip(edges[::2], edges[1::2]):
-            span = int(run_end - run_start) + period
-            # floor(x + 0.5): a final copy counts when at least half of it is there (see the docstring).
-            if span < min_span or math.floor(span / period + 0.5) < min_repeats:
-                continue
-            # The longest wins; at equal span the shortest period (the smaller periods are tried first).
-            if best is None or span > best.span:
-                best = Loop(start=int(run_start), period=period, repeats=round(span / period, 4), span=span)
-    return best
+    n, periods = len(array), min(max_period, len(array) // 2)
+    if periods < 1:
+        return None
+    # All periods in one pass: row p - 1 marks tokens[i] == tokens[i + p] (-1 pads the end, equal to no code), framed
+    # by False columns so that a run never crosses rows and every run's rising and falling edges pair up.
+    padded = np.concatenate((array, np.full(periods, -1)))
+    same = np.zeros((periods, n + 2), dtype=np.int8)
+    same[:, 1:-1] = np.lib.stride_tricks.sliding_window_view(padded[1:], n)[:periods] == array
+    edges = np.flatnonzero(np.diff(same.ravel()))
+    starts, ends = edges[::2], edges[1::2]
+    period = starts // (n + 2) + 1
+    spans = ends - starts + period
+    # floor(x + 0.5): a final copy counts when at least half of it is there (see the docstring).
+    spans = np.where((spans >= min_span) & (np.floor(spans / period + 0.5) >= min_repeats), spans, 0)
+    if not spans.size or spans.max() == 0:
+        return None
+    # The longest wins; argmax takes the first, and runs are ordered by period: at equal span, the shortest period.
+    i = int(spans.argmax())
+    span, p = int(spans[i]), int(period[i])
+    return Loop(start=int(starts[i] % (n + 2)), period=p, repeats=round(span / p, 4), span=span)
 
 
 def loop_rate(
