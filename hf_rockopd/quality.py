@@ -1,4 +1,4 @@
-"""Text-quality measures that a degenerate student cannot fool: repetition, loops, distinct-n, finished answers, accuracy.
+"""Text-quality measures a degenerate student cannot fool: repetition, loops, distinct-n, finished answers, accuracy.
 
 On-policy divergence is measured on the student's own samples, and once a phrase repeats in context the teacher
 predicts the repetition too, so a student that loops ("…20 cookies, 20 cookies, 20 cookies…") *lowers* its on-policy
@@ -57,7 +57,7 @@ DEFAULT_NGRAM = 4
 # 12 tokens, 13 of the 7,473 solutions (0.17 %) are flagged, all written-out sums or products ("3 cars + 3 cars +
 # 3 cars + 3 cars", "2*2*2*…"), which have the very shape of a short loop; a lower span flags digit runs and
 # "+ 2 + 2 +", a higher one misses the cookies. Two back-to-back copies are not a loop: reference solutions restate
-# an equation line ("2L + 11 = 35\n2L + 11 = 35") often enough, and `repeated_ngram_fraction` measures milder repetition.
+# an equation line ("2L + 11 = 35\n2L + 11 = 35") often enough; `repeated_ngram_fraction` measures milder repetition.
 DEFAULT_MAX_PERIOD = 40
 DEFAULT_MIN_REPEATS = 3
 DEFAULT_MIN_SPAN = 12
