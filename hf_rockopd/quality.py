@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+
 __all__ = [
     "DEFAULT_MAX_PERIOD",
     "DEFAULT_MIN_REPEATS",

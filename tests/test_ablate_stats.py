@@ -13,6 +13,7 @@ from hf_rockopd.ablate.stats import (
     ablation_stats,
     ablation_table,
     crossed_bootstrap,
+    paired_difference,
     seed_interval,
 )
 
@@ -70,6 +71,22 @@ def test_seed_noise_widens_the_interval():
     assert crossed["ci_low"] < 0 < crossed["ci_high"] and crossed["p_value"] > 0.2
     problems_only = crossed_bootstrap(np.concatenate(uniform), np.concatenate(treated), n_resamples=2000)
     assert problems_only["ci_low"] > 0  # the anticonservative answer the crossed bootstrap avoids
+
+
+def test_the_seed_guard_stops_what_three_agreeing_seeds_cannot_show():
+    """Three seeds that all gain, by very different amounts: every seed resample has a positive mean, so the bootstrap
+    alone calls it certain; the t-test over the three seed differences knows how little three runs say."""
+    uniform = [np.zeros(50)] * 3
+    treated = [np.full(50, 0.4), np.full(50, 0.05), np.full(50, 0.3)]
+    alone = crossed_bootstrap(uniform, treated, n_resamples=999)
+    guarded = paired_difference(uniform, treated, n_resamples=999)
+    assert alone["p_value"] < 0.01 and alone["ci_low"] > 0
+    seed_t = stats.ttest_1samp([0.4, 0.05, 0.3], 0.0)
+    assert guarded["p_value"] == pytest.approx(seed_t.pvalue) and guarded["p_value"] > 0.1
+    assert guarded["ci_low"] < 0 < guarded["ci_high"] and guarded["delta"] == alone["delta"]
+    # Agreeing seeds (a constant shift) and one seed leave the bootstrap's answer as it is.
+    assert paired_difference(uniform, [np.full(50, 0.2)] * 3, n_resamples=999)["p_value"] == pytest.approx(2 / 1000)
+    assert paired_difference(uniform[0], treated[0], n_resamples=99) == crossed_bootstrap(uniform[0], treated[0], 99)
 
 
 def test_crossed_bootstrap_is_deterministic_and_checks_its_input():

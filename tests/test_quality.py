@@ -25,6 +25,7 @@ from hf_rockopd.quality import (
     text_quality,
 )
 
+
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
 
 # The loops the distilled SmolLM2 student wrote (issue 18), each as the student kept going.

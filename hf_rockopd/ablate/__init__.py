@@ -13,8 +13,10 @@ from .stats import (
     ablation_stats,
     ablation_table,
     crossed_bootstrap,
+    paired_difference,
     seed_interval,
 )
+
 
 __all__ = [
     "BASELINE_POLICY",
@@ -25,5 +27,6 @@ __all__ = [
     "ablation_stats",
     "ablation_table",
     "crossed_bootstrap",
+    "paired_difference",
     "seed_interval",
 ]
