@@ -9,8 +9,10 @@ divergence while its text gets worse. These measures look at the text itself and
 - `find_loop` / `loop_rate`: a span of 1..`max_period` tokens repeated back to back at least `min_repeats` times,
   covering at least `min_span` tokens; the share of completions that contain one.
 - `distinct_n`: corpus distinct-n (distinct n-grams over all n-grams of all completions), n = 1, 2.
-- `is_finished` / `finished_rate` / `clipped_rate`: a stop id before the token limit; the limit hit without one.
+- `is_finished` / `is_clipped`: a stop id before the token limit; the limit hit without one (their shares are
+  `TextQuality.finished_rate` and `clipped_rate`).
 - `accuracy_interval`: accuracy with its 95 % Wilson interval.
+- `completion_quality`: one completion's measures as numbers (per-problem outcomes for the ablation's statistics).
 - `TextQuality` / `text_quality`: all of these for one list of completions, JSON-ready.
 
 Every function is pure and takes token ids (or any hashable tokens: `split_text` cuts a text into tokens the way a
@@ -38,10 +40,9 @@ __all__ = [
     "Proportion",
     "TextQuality",
     "accuracy_interval",
-    "clipped_rate",
+    "completion_quality",
     "distinct_n",
     "find_loop",
-    "finished_rate",
     "is_clipped",
     "is_finished",
     "loop_rate",
@@ -271,36 +272,10 @@ def is_clipped(ids: Sequence[int], stop_ids: Iterable[int], max_new_tokens: int)
     return not is_finished(ids, stop_ids, max_new_tokens) and len(ids) >= max_new_tokens
 
 
-def finished_rate(completions: Sequence[Sequence[int]], stop_ids: Iterable[int], max_new_tokens: int) -> float:
-    """The share of completions that end with a stop id before the limit (`is_finished`); NaN for none.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import finished_rate
-    >>> finished_rate([[5, 2], [5, 6, 7]], stop_ids=[2], max_new_tokens=3)
-    0.5
-    ```
-    """
-    stops = [int(i) for i in stop_ids]
-    return _share([is_finished(c, stops, max_new_tokens) for c in completions])
-
-
-def clipped_rate(completions: Sequence[Sequence[int]], stop_ids: Iterable[int], max_new_tokens: int) -> float:
-    """The share of completions cut by the limit without a stop id (`is_clipped`); NaN for none.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import clipped_rate
-    >>> clipped_rate([[5, 2], [5, 6, 7]], stop_ids=[2], max_new_tokens=3)
-    0.5
-    ```
-    """
-    stops = [int(i) for i in stop_ids]
-    return _share([is_clipped(c, stops, max_new_tokens) for c in completions])
-
-
-def _share(flags: Sequence[bool]) -> float:
-    return float(np.mean(flags)) if len(flags) else float("nan")
+def _share(values: Sequence[float]) -> float:
+    """The mean of the defined values (NaN is undefined, e.g. no 4-gram); NaN when none is."""
+    finite = [float(v) for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 @dataclass(frozen=True)
@@ -369,11 +344,6 @@ def accuracy_interval(correct: int | Sequence[bool], trials: int | None = None, 
 
 def _json_float(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
-
-
-def _nanmean(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return float(np.mean(finite)) if finite else float("nan")
 
 
 @dataclass(frozen=True)
@@ -445,6 +415,37 @@ def _nan_if_none(value: Any) -> Any:
     return float("nan") if value is None else value
 
 
+def completion_quality(
+    ids: Sequence[int],
+    stop_ids: Iterable[int],
+    max_new_tokens: int,
+    ngram: int = DEFAULT_NGRAM,
+    max_period: int = DEFAULT_MAX_PERIOD,
+    min_repeats: int = DEFAULT_MIN_REPEATS,
+    min_span: int = DEFAULT_MIN_SPAN,
+) -> dict[str, float]:
+    """One completion's measures, as numbers: the per-problem outcomes of an evaluation or an ablation run.
+
+    `finished`, `clipped` and `loop` are 0.0 / 1.0; `repeated_ngram_fraction` (NaN under `ngram` tokens) and
+    `length` are measured before the first stop id. `text_quality` is built from these, so the two always agree.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.quality import completion_quality
+    >>> completion_quality([4, 5, 6] * 6, stop_ids=[2], max_new_tokens=18)
+    {'finished': 0.0, 'clipped': 1.0, 'loop': 1.0, 'repeated_ngram_fraction': 0.8, 'length': 18.0}
+    ```
+    """
+    text = strip_stop(ids, stop_ids)
+    return {
+        "finished": float(is_finished(ids, stop_ids, max_new_tokens)),
+        "clipped": float(is_clipped(ids, stop_ids, max_new_tokens)),
+        "loop": float(find_loop(text, max_period, min_repeats, min_span) is not None),
+        "repeated_ngram_fraction": repeated_ngram_fraction(text, ngram),
+        "length": float(len(text)),
+    }
+
+
 def text_quality(
     completions: Sequence[Sequence[int]],
     stop_ids: Iterable[int],
@@ -480,21 +481,19 @@ def text_quality(
     _check_limit(max_new_tokens)
     if correct is not None and len(correct) != len(completions):
         raise ValueError(f"Got {len(correct)} correctness flags for {len(completions)} completions.")
+    loop_settings = {"max_period": max_period, "min_repeats": min_repeats, "min_span": min_span}
+    each = [completion_quality(c, stops, max_new_tokens, ngram, **loop_settings) for c in completions]
     texts = [strip_stop(c, stops) for c in completions]
     return TextQuality(
         num_completions=len(completions),
-        finished_rate=finished_rate(completions, stops, max_new_tokens),
-        clipped_rate=clipped_rate(completions, stops, max_new_tokens),
-        repeated_ngram_fraction=_nanmean([repeated_ngram_fraction(t, ngram) for t in texts]),
+        finished_rate=_share([e["finished"] for e in each]),
+        clipped_rate=_share([e["clipped"] for e in each]),
+        repeated_ngram_fraction=_share([e["repeated_ngram_fraction"] for e in each]),
         ngram=ngram,
-        loop_rate=loop_rate(texts, max_period=max_period, min_repeats=min_repeats, min_span=min_span),
+        loop_rate=_share([e["loop"] for e in each]),
         distinct_1=distinct_n(texts, 1),
         distinct_2=distinct_n(texts, 2),
-        mean_length=float(np.mean([len(t) for t in texts])) if texts else float("nan"),
+        mean_length=_share([e["length"] for e in each]),
         accuracy=None if correct is None else accuracy_interval(list(correct), confidence=confidence),
-        loop_settings={
-            "max_period": max_period,
-            "min_repeats": min_repeats,
-            "min_span": min_span,
-        },
+        loop_settings=loop_settings,
     )

@@ -12,10 +12,9 @@ from hf_rockopd.quality import (
     Proportion,
     TextQuality,
     accuracy_interval,
-    clipped_rate,
+    completion_quality,
     distinct_n,
     find_loop,
-    finished_rate,
     is_clipped,
     is_finished,
     loop_rate,
@@ -178,9 +177,8 @@ def test_finished_and_clipped():
     assert is_clipped([5, 6, 7, 8], stop, 4) and not is_clipped([5, 6, 2, 2], stop, 4)
     assert not is_finished([5], stop, 4) and not is_clipped([5], stop, 4)  # cut short another way: neither
     completions = [[5, 2, 2, 2], [5, 6, 7, 8], [5, 6, 7, 3], [5]]
-    assert finished_rate(completions, stop, 4) == 0.5
-    assert clipped_rate(completions, stop, 4) == 0.25
-    assert math.isnan(finished_rate([], stop, 4)) and math.isnan(clipped_rate([], stop, 4))
+    quality = text_quality(completions, stop, 4)
+    assert (quality.finished_rate, quality.clipped_rate) == (0.5, 0.25)
     with pytest.raises(ValueError, match="max_new_tokens"):
         is_finished([5], stop, 0)
 
@@ -239,6 +237,19 @@ def test_text_quality_tells_a_looping_student_from_a_finished_one():
     assert bad.repeated_ngram_fraction > 0.8
     assert bad.distinct_1 < good.distinct_1 and bad.distinct_2 < good.distinct_2
     assert good.accuracy.successes == 3 and bad.accuracy.estimate == 0.0 and bad.accuracy.high > 0
+
+
+def test_completion_quality_gives_the_per_problem_outcomes_text_quality_averages():
+    completions = [[5, 6, 7, 8, 9, 2, 2], [4, 5, 6] * 6, [7, 8], [1, 2]]
+    each = [completion_quality(c, [2], 18) for c in completions]
+    assert each[0] == {"finished": 1.0, "clipped": 0.0, "loop": 0.0, "repeated_ngram_fraction": 0.0, "length": 5.0}
+    assert each[1]["loop"] == 1.0 and each[1]["clipped"] == 1.0 and each[1]["length"] == 18.0
+    assert math.isnan(each[2]["repeated_ngram_fraction"]) and each[2]["finished"] == 0.0 and each[2]["clipped"] == 0.0
+    quality = text_quality(completions, [2], 18)
+    for name, rate in [("finished", "finished_rate"), ("clipped", "clipped_rate"), ("loop", "loop_rate")]:
+        assert getattr(quality, rate) == np.mean([e[name] for e in each])
+    assert quality.repeated_ngram_fraction == pytest.approx(np.mean([e["repeated_ngram_fraction"] for e in each[:2]]))
+    assert quality.mean_length == np.mean([e["length"] for e in each])
 
 
 def test_text_quality_is_json_and_reads_back():
