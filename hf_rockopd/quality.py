@@ -4,16 +4,13 @@ On-policy divergence is measured on the student's own samples, and once a phrase
 predicts the repetition too, so a student that loops ("…20 cookies, 20 cookies, 20 cookies…") *lowers* its on-policy
 divergence while its text gets worse. These measures look at the text itself and are reported beside the divergence:
 
-- `repeated_ngram_fraction`: 1 − distinct/total n-grams of one completion (n = 4): 0 for text that never repeats a
-  4-gram, towards 1 for a loop.
-- `find_loop` / `loop_rate`: a span of 1..`max_period` tokens repeated back to back at least `min_repeats` times,
-  covering at least `min_span` tokens; the share of completions that contain one.
+- `repeated_ngram_fraction`: 1 − distinct/total n-grams of one completion (n = 4): 0 never repeats, towards 1 loops.
+- `find_loop` / `loop_rate`: a span of tokens repeated back to back; the share of completions that contain one.
 - `distinct_n`: corpus distinct-n (distinct n-grams over all n-grams of all completions), n = 1, 2.
-- `is_finished` / `is_clipped`: a stop id before the token limit; the limit hit without one (their shares are
-  `TextQuality.finished_rate` and `clipped_rate`).
+- `is_finished` / `is_clipped`: a stop id before the token limit; the limit hit without one.
 - `accuracy_interval`: accuracy with its 95 % Wilson interval.
 - `completion_quality`: one completion's measures as numbers (per-problem outcomes for the ablation's statistics).
-- `TextQuality` / `text_quality`: all of these for one list of completions, JSON-ready.
+- `TextQuality` / `text_quality`: all of these for one list of completions (finished, clipped, loop rates…), JSON.
 
 Every function is pure and takes token ids (or any hashable tokens: `split_text` cuts a text into tokens the way a
 BPE pre-tokenizer does, so the same defaults apply to texts).
@@ -94,17 +91,18 @@ def strip_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
     [5, 6]
     ```
     """
-    stops = {int(i) for i in stop_ids}
-    ids = [int(i) for i in ids]
-    for position, token in enumerate(ids):
-        if token in stops:
-            return ids[:position]
-    return ids
+    stops, ids = {int(i) for i in stop_ids}, [int(i) for i in ids]
+    return next((ids[:position] for position, token in enumerate(ids) if token in stops), ids)
+
+
+def _as_list(tokens: Sequence[Hashable]) -> list:
+    return tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # a tensor's elements hash by identity
 
 
 def _ngrams(tokens: Sequence[Hashable], n: int) -> list[tuple]:
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}.")
+    tokens = _as_list(tokens)
     return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
@@ -196,6 +194,7 @@ def find_loop(
         )
     # Map the tokens (ids or strings) to small integers so numpy compares them in one pass per period.
     codes: dict[Hashable, int] = {}
+    tokens = _as_list(tokens)
     array = np.fromiter((codes.setdefault(t, len(codes)) for t in tokens), dtype=np.int64, count=len(tokens))
     n, periods = len(array), min(max_period, len(array) // 2)
     if periods < 1:
@@ -361,8 +360,7 @@ class TextQuality:
         mean_length: mean completion length in tokens, stop id and padding excluded.
         accuracy: accuracy with its Wilson interval, when correctness was given, else None.
         loop_settings: `max_period`, `min_repeats`, `min_span` of the loop detector.
-
-    NaN (undefined, e.g. for no completion) is None in `to_dict()`, so the dict is valid JSON.
+        NaN (undefined, e.g. for no completion) is None in `to_dict()`, so the dict is valid JSON.
 
     Example:
     ```python

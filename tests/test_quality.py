@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from hf_rockopd.quality import (
     Proportion,
@@ -67,6 +68,12 @@ def test_loops_in_token_ids():
     ids = [101, 102] + [7, 8, 9, 10] * 5 + [2]
     loop = find_loop(ids)
     assert (loop.start, loop.period, loop.span, loop.repeats) == (2, 4, 20, 5.0)
+    # Tensors and arrays, as generation returns them, give the same answers (a tensor's elements hash by identity).
+    for as_array in (torch.tensor, np.array):
+        assert find_loop(as_array(ids)) == loop
+        assert repeated_ngram_fraction(as_array(ids)) == repeated_ngram_fraction(ids)
+        assert distinct_n([as_array(ids)], 2) == distinct_n([ids], 2)
+        assert completion_quality(as_array(ids), [2], 30) == completion_quality(ids, [2], 30)
     assert find_loop([7, 8, 9, 10] * 2) is None  # said twice is a restatement, not a loop
 
 

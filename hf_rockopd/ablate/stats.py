@@ -79,11 +79,12 @@ def _json(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RunOutcomes:
     """One run of the ablation: its policy, its seed and per-problem outcomes, metric name -> one value per problem.
 
-    Every run must list the same problems in the same order, so that runs pair up problem by problem.
+    Every run must list the same problems in the same order, so that runs pair up problem by problem. The values are
+    kept as float arrays (so runs compare by identity: `==` on arrays has no single truth value).
 
     Example:
     ```python
