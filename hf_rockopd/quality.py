@@ -192,7 +192,7 @@ def find_loop(
             f"find_loop needs max_period >= 1, min_repeats >= 2, min_span >= 1; got {max_period}, {min_repeats}, "
             f"{min_span}."
         )
-    # Map the tokens (ids or strings) to small integers so numpy compares them in one pass per period.
+    # Map the tokens (ids or strings) to small integers so that numpy can compare them.
     codes: dict[Hashable, int] = {}
     tokens = _as_list(tokens)
     array = np.fromiter((codes.setdefault(t, len(codes)) for t in tokens), dtype=np.int64, count=len(tokens))
@@ -434,10 +434,11 @@ def completion_quality(
     {'finished': 0.0, 'clipped': 1.0, 'loop': 1.0, 'repeated_ngram_fraction': 0.8, 'length': 18.0}
     ```
     """
-    text = strip_stop(ids, stop_ids)
+    stops = [int(i) for i in stop_ids]  # read three times below: a generator would be empty by the second
+    text = strip_stop(ids, stops)
     return {
-        "finished": float(is_finished(ids, stop_ids, max_new_tokens)),
-        "clipped": float(is_clipped(ids, stop_ids, max_new_tokens)),
+        "finished": float(is_finished(ids, stops, max_new_tokens)),
+        "clipped": float(is_clipped(ids, stops, max_new_tokens)),
         "loop": float(find_loop(text, max_period, min_repeats, min_span) is not None),
         "repeated_ngram_fraction": repeated_ngram_fraction(text, ngram),
         "length": float(len(text)),

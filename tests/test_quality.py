@@ -250,6 +250,7 @@ def test_completion_quality_gives_the_per_problem_outcomes_text_quality_averages
     completions = [[5, 6, 7, 8, 9, 2, 2], [4, 5, 6] * 6, [7, 8], [1, 2]]
     each = [completion_quality(c, [2], 18) for c in completions]
     assert each[0] == {"finished": 1.0, "clipped": 0.0, "loop": 0.0, "repeated_ngram_fraction": 0.0, "length": 5.0}
+    assert completion_quality(completions[0], iter([2]), 18) == each[0]  # stop ids given once, as a generator
     assert each[1]["loop"] == 1.0 and each[1]["clipped"] == 1.0 and each[1]["length"] == 18.0
     assert math.isnan(each[2]["repeated_ngram_fraction"]) and each[2]["finished"] == 0.0 and each[2]["clipped"] == 0.0
     quality = text_quality(completions, [2], 18)

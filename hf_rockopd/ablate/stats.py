@@ -260,7 +260,7 @@ def _resample_counts(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
 
 
 def crossed_bootstrap(
-    baseline: Any, treated: Any, n_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95
+    baseline: Any, treated: Any, n_resamples: int = 10_000, seed: int | Sequence[int] = 0, confidence: float = 0.95
 ) -> dict[str, float]:
     """Paired difference `treated − baseline` of `(seeds, problems)` outcomes, resampling seeds and problems.
 
@@ -309,7 +309,7 @@ def crossed_bootstrap(
 
 
 def paired_difference(
-    baseline: Any, treated: Any, n_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95
+    baseline: Any, treated: Any, n_resamples: int = 10_000, seed: int | Sequence[int] = 0, confidence: float = 0.95
 ) -> dict[str, float]:
     """The ablation's test: `crossed_bootstrap`, guarded by a t-test over seeds (see the comment above).
 
