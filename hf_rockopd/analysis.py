@@ -42,7 +42,7 @@ import torch
 from scipy import stats
 from transformers.utils import logging
 
-from .evaluation import extract_numeric_answer, load_gsm8k_problems  # one parser for the knockout and `hf-rockopd eval`
+from .gsm8k import extract_numeric_answer, load_gsm8k_problems  # one parser for the knockout and `hf-rockopd eval`
 from .modeling import check_same_vocabulary, vocab_size
 from .losses import logit_grad_norm, per_token_divergence, per_token_entropy
 from .rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens

@@ -30,7 +30,7 @@ from . import __version__
 from .commands.parsing import check_at_least, check_range
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
-from .evaluation import load_gsm8k_problems
+from .gsm8k import load_gsm8k_problems
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,

@@ -101,7 +101,8 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run):
     # The saved student is the trained one: reloading it reproduces the "after" divergence of its greedy answers.
     from transformers import AutoModelForCausalLM
 
-    from hf_rockopd.evaluation import evaluate_gsm8k, load_gsm8k_problems
+    from hf_rockopd.evaluation import evaluate_gsm8k
+    from hf_rockopd.gsm8k import load_gsm8k_problems
 
     student = AutoModelForCausalLM.from_pretrained(run)
     teacher = AutoModelForCausalLM.from_pretrained(tmp_path / "teacher")

@@ -10,19 +10,11 @@ from datasets import Dataset
 
 from hf_rockopd import analysis
 from hf_rockopd.cli import main
-from hf_rockopd.evaluation import (
-    EvalResult,
-    encode_prompts,
-    evaluate_completions,
-    evaluate_gsm8k,
-    extract_numeric_answer,
-    format_results_table,
-    load_gsm8k_problems,
-    parse_gold_answer,
-    score_completions,
-)
+from hf_rockopd.evaluation import EvalResult, evaluate_completions, evaluate_gsm8k, format_results_table
+from hf_rockopd.gsm8k import extract_numeric_answer, load_gsm8k_problems, parse_gold_answer
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
+from hf_rockopd.rollout import encode_prompts, score_completions
 
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -206,7 +198,7 @@ def test_scores_do_not_depend_on_padding(tokenizer, student, teacher):
 
 
 def test_scoring_chunks_bound_rows_and_positions():
-    from hf_rockopd.evaluation import _SCORE_POSITIONS, _score_chunks
+    from hf_rockopd.rollout import _SCORE_POSITIONS, _score_chunks
 
     lengths = [10, 10, _SCORE_POSITIONS // 2, _SCORE_POSITIONS // 2, _SCORE_POSITIONS * 2, 3, 3, 3]
     chunks = _score_chunks([[0] * n for n in lengths], batch_size=3)

@@ -59,6 +59,6 @@ def load_tokenizer(name: str):
 
 def load_problems(source: Any, **kwargs: Any) -> list:
     """GSM8K problems as `(messages, gold)` pairs (`load_gsm8k_problems`'s keyword arguments)."""
-    from ..evaluation import load_gsm8k_problems
+    from ..gsm8k import load_gsm8k_problems
 
     return load_gsm8k_problems(source, **kwargs)

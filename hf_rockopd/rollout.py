@@ -1,0 +1,352 @@
+"""The one way to roll out and score completions: evaluation, the lab's token tables, the knockout and the gradient
+cosines all generate and score here, so a completion and its divergence are the same whichever of them asks.
+
+- `encode_prompts`: the chat prompt ids a completion continues (chat template, generation prompt, no extra specials).
+- `generate_completions`: batched, left-padded generation (greedy, or seeded sampling; an optional token ban), stopped
+  at any of the model's stop ids (`modeling.eos_token_ids`: the generation config's list) and cut after the first one
+  (`modeling.cut_at_eos`).
+- `completion_logits` / `scored_chunks` / `score_completions`: the student's and the teacher's logits at the positions
+  that predicted each completion token, with position ids from the attention mask, so a completion's scores do not
+  depend on its padding or on what it is batched with, and match what `generate` computed when it chose the token.
+
+Example:
+```python
+prompts, completions = generate_completions(student, tokenizer, [[{"role": "user", "content": "1 + 1?"}]])
+scores = score_completions(student, teacher, prompts, completions, pad_token_id=tokenizer.pad_token_id)
+print(scores[0]["divergence"].mean())
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from .losses import per_token_divergence
+from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids
+
+__all__ = [
+    "as_chat",
+    "completion_logits",
+    "encode_prompts",
+    "eval_mode",
+    "generate_completions",
+    "pack_completions",
+    "pad_token_id",
+    "score_completions",
+    "scored_chunks",
+]
+
+Chat = list[dict[str, str]]
+
+
+def as_chat(prompt: Any) -> Chat:
+    """A prompt as chat messages: a string is one user message, a `(messages, gold)` problem its messages.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.rollout import as_chat
+    >>> as_chat("1 + 1?"), as_chat(([{"role": "user", "content": "2 + 2?"}], 4.0))
+    ([{'role': 'user', 'content': '1 + 1?'}], [{'role': 'user', 'content': '2 + 2?'}])
+    ```
+    """
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[1], (int, float)):
+        return list(prompt[0])
+    return list(prompt)
+
+
+def _prompt_texts(tokenizer: Any, prompts: Sequence[Any]) -> list[str]:
+    return [tokenizer.apply_chat_template(as_chat(p), tokenize=False, add_generation_prompt=True) for p in prompts]
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any]) -> list[list[int]]:
+    """Token ids of each prompt's chat (chat template with the generation prompt, no extra special tokens), unpadded.
+
+    `prompts` are chats, strings or `(messages, gold)` problems (`as_chat`). These are the ids `generate_completions`
+    feeds the model; use them with `score_completions` or `evaluation.evaluate_completions` for completions made
+    elsewhere.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_tokenizer
+    >>> from hf_rockopd.rollout import encode_prompts
+    >>> tokenizer = build_tiny_tokenizer()
+    >>> encode_prompts(tokenizer, ["hi"]) == encode_prompts(tokenizer, [([{"role": "user", "content": "hi"}], 0.0)])
+    True
+    ```
+    """
+    return [list(ids) for ids in tokenizer(_prompt_texts(tokenizer, prompts), add_special_tokens=False)["input_ids"]]
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that fills padded positions: the tokenizer's pad, else its eos (masked out either way).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_tokenizer
+    >>> pad_token_id(build_tiny_tokenizer())
+    257
+    ```
+    """
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad) if pad is not None else 0
+
+
+@contextmanager
+def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
+    """Put `models` in eval mode for the block and restore each one's training flag after it.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm
+    >>> model = build_tiny_causal_lm().train()
+    >>> with eval_mode(model):
+    ...     model.training
+    False
+    >>> model.training
+    True
+    ```
+    """
+    states = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, state in zip(models, states):
+            m.train(state)
+
+
+@torch.no_grad()
+def generate_completions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    suppress_tokens: Sequence[int] | None = None,
+    show_progress: bool = True,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Completions of each prompt, batched and left-padded: `(prompt ids, completion ids)` per prompt.
+
+    Generation stops at any of the model's stop ids (`modeling.eos_token_ids`: its generation config's list, else the
+    tokenizer's eos); each completion is cut after its first one (`modeling.cut_at_eos`), so it ends with it or has
+    `max_new_tokens` tokens. Decoding is greedy unless `do_sample` (then at `temperature`, no top-k/top-p; seed torch
+    first for a reproducible draw). `suppress_tokens` bans ids: their logits are -inf at every step (the knockout).
+
+    Args:
+        prompts: chats, strings or `(messages, gold)` problems (`as_chat`).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+    >>> from hf_rockopd.rollout import generate_completions
+    >>> tokenizer = build_tiny_tokenizer()
+    >>> prompts, completions = generate_completions(build_tiny_causal_lm(tokenizer), tokenizer, ["hi", "2 + 2?"],
+    ...                                             max_new_tokens=4, show_progress=False)
+    >>> [len(c) <= 4 for c in completions], prompts[0] == encode_prompts(tokenizer, ["hi"])[0]
+    ([True, True], True)
+    ```
+    """
+    from tqdm.auto import tqdm
+
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
+    eos_ids = eos_token_ids(tokenizer, model)
+    device = next(model.parameters()).device
+    prompt_ids: list[list[int]] = []
+    completion_ids: list[list[int]] = []
+    with eval_mode(model):
+        for start in tqdm(range(0, len(prompts), batch_size), desc="generate", disable=not show_progress):
+            texts = _prompt_texts(tokenizer, prompts[start : start + batch_size])
+            # Left padding, so every completion starts at the same column.
+            padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+            try:
+                enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            finally:
+                tokenizer.padding_side = padding_side
+            sequences = model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                temperature=temperature if do_sample else None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=pad_token_id(tokenizer),
+                eos_token_id=eos_ids or None,
+                # A ban: the token's logit is -inf at every step (transformers' SuppressTokensLogitsProcessor).
+                suppress_tokens=list(suppress_tokens) if suppress_tokens else None,
+            )
+            prompt_len = enc["input_ids"].shape[1]
+            for row, mask in zip(sequences.cpu(), enc["attention_mask"].cpu()):
+                prompt_ids.append(row[:prompt_len][mask.bool()].tolist())
+                completion_ids.append(cut_at_eos(row[prompt_len:].tolist(), eos_ids))
+    return prompt_ids, completion_ids
+
+
+def pack_completions(
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One batch: left-padded prompts then right-padded completions: `(input ids, attention mask, prompt length)`.
+
+    Example:
+    ```python
+    >>> ids, mask, prompt_len = pack_completions([[1, 2], [3]], [[4], [5, 6]], pad_token_id=0)
+    >>> ids.tolist(), mask.tolist(), prompt_len
+    ([[1, 2, 4, 0], [0, 3, 5, 6]], [[1, 1, 1, 0], [0, 1, 1, 1]], 2)
+    ```
+    """
+    prompt_len = max(len(p) for p in prompt_ids)
+    completion_len = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((len(prompt_ids), prompt_len + completion_len), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        ids[row, prompt_len - len(p) : prompt_len + len(c)] = torch.tensor([*p, *c], dtype=torch.long)
+        mask[row, prompt_len - len(p) : prompt_len + len(c)] = 1
+    return ids, mask, prompt_len
+
+
+def completion_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int
+) -> torch.Tensor:
+    """`(B, end - prompt_len, V)` logits of the positions that predict the completion (`prompt_len - 1 ... end - 2`).
+
+    Position ids come from the attention mask, as `generate` derives them, so left padding shifts no position and a
+    token's logits are those it was generated from. `logits_to_keep` projects only those positions, never the
+    prompt's: the head is the largest matrix product of a small model (SmolLM2: 49,152 × 576).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm
+    >>> ids, mask, prompt_len = pack_completions([[1, 2, 3]], [[4, 5]], pad_token_id=0)
+    >>> completion_logits(build_tiny_causal_lm(), ids, mask, prompt_len).shape[:2]
+    torch.Size([1, 2])
+    ```
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    keep = input_ids.shape[1] - prompt_len + 1
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=keep
+    ).logits
+    return logits[:, -keep:-1]
+
+
+# Student and teacher logits of a scoring forward are (rows, completion length, vocabulary) float32 each; with
+# SmolLM2's 49,152 ids, 2,048 positions are 0.4 GB per model (16 completions of 256 tokens would be 0.8 GB).
+_SCORE_POSITIONS = 2048
+
+
+def _score_chunks(completion_ids: Sequence[Sequence[int]], batch_size: int) -> list[tuple[int, int]]:
+    """`(start, stop)` row ranges of at most `batch_size` rows and, past one row, `_SCORE_POSITIONS` positions."""
+    chunks, start = [], 0
+    while start < len(completion_ids):
+        stop, longest = start + 1, max(1, len(completion_ids[start]))
+        while stop < len(completion_ids) and stop - start < batch_size:
+            longest = max(longest, len(completion_ids[stop]))
+            if (stop - start + 1) * longest > _SCORE_POSITIONS:
+                break
+            stop += 1
+        chunks.append((start, stop))
+        start = stop
+    return chunks
+
+
+@torch.no_grad()
+def scored_chunks(
+    student: torch.nn.Module,
+    teacher: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int = 8,
+    show_progress: bool = False,
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """`(start, stop, student logits, teacher logits)` per scoring batch of completions `start:stop`.
+
+    The logits are float32 `(N, V)` on the student's device, one row per completion token of those completions in
+    order (N is the sum of their lengths): the distributions that predicted each token. Batches hold at most
+    `batch_size` completions and a bounded number of positions. Call it inside `eval_mode(student, teacher)`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm
+    >>> model = build_tiny_causal_lm()
+    >>> [(a, b, s.shape[0]) for a, b, s, _ in scored_chunks(model, model, [[1], [2]], [[3, 4], [5]], pad_token_id=0)]
+    [(0, 2, 3)]
+    ```
+    """
+    from tqdm.auto import tqdm
+
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"Got {len(prompt_ids)} prompts but {len(completion_ids)} completions; give one of each.")
+    device = next(student.parameters()).device
+    teacher_device = next(teacher.parameters()).device
+    for start, stop in tqdm(_score_chunks(completion_ids, batch_size), desc="score", disable=not show_progress):
+        completions = [list(c) for c in completion_ids[start:stop]]
+        ids, mask, prompt_len = pack_completions(
+            [list(p) for p in prompt_ids[start:stop]], completions, pad_token_id
+        )
+        s_logits = completion_logits(student, ids.to(device), mask.to(device), prompt_len)
+        t_logits = completion_logits(teacher, ids.to(teacher_device), mask.to(teacher_device), prompt_len)
+        rows = torch.cat([torch.full((len(c),), r, dtype=torch.long) for r, c in enumerate(completions)])
+        cols = torch.cat([torch.arange(len(c)) for c in completions])
+        s = s_logits[rows.to(device), cols.to(device)].float()
+        t = t_logits[rows.to(teacher_device), cols.to(teacher_device)].float().to(device)
+        yield start, stop, s, t
+
+
+@torch.no_grad()
+def score_completions(
+    student: torch.nn.Module,
+    teacher: torch.nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int = 8,
+    beta: float = 1.0,
+    temperature: float = 1.0,
+    show_progress: bool = False,
+) -> list[dict[str, torch.Tensor]]:
+    """Per-token divergence and top-1 agreement of given completions, scored as training scores them.
+
+    For each completion token, the full-vocabulary `per_token_divergence(student, teacher, beta, temperature)` of the
+    two distributions that predicted it (`scored_chunks`), and whether both argmaxes agree. A completion's scores do
+    not depend on what it is batched with.
+
+    Returns:
+        one dict per completion: `divergence` (float32, one value per token), `agree` (bool, per token).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_causal_lm
+    >>> model = build_tiny_causal_lm()
+    >>> scores = score_completions(model, model, [[1, 2]], [[3, 4]], pad_token_id=0)
+    >>> float(scores[0]["divergence"].abs().max()) < 1e-6, scores[0]["agree"].tolist()
+    (True, [True, True])
+    ```
+    """
+    check_same_vocabulary(student, teacher)
+    results: list[dict[str, torch.Tensor]] = []
+    with eval_mode(student, teacher):
+        chunks = scored_chunks(
+            student, teacher, prompt_ids, completion_ids, pad_token_id=pad_token_id, batch_size=batch_size,
+            show_progress=show_progress,
+        )
+        for start, stop, s, t in chunks:
+            divergence = per_token_divergence(s, t, beta, temperature).cpu()
+            agree = (s.argmax(-1) == t.argmax(-1)).cpu()
+            lengths = [len(c) for c in completion_ids[start:stop]]
+            for d, a in zip(divergence.split(lengths), agree.split(lengths)):
+                results.append({"divergence": d, "agree": a})
+    return results
