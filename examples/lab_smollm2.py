@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from hf_rockopd.analysis import (
+from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.lab import (
+    build_report,
     collect_token_table,
     gradient_geometry,
     knockout,
@@ -27,9 +29,7 @@ from hf_rockopd.analysis import (
     score_token_table,
     stability_sweep,
 )
-from hf_rockopd.evaluation import load_gsm8k_problems
 from hf_rockopd.models import load_gguf_causal_lm, prune_decoder_layers, smollm2_gguf_path
-from hf_rockopd.report import build_report
 
 
 def main() -> None:

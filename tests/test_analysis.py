@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_rockopd import RockOPDConfig, RockOPDTrainer  # noqa: F401 - the rock set must load into the policy below
-from hf_rockopd.analysis import (
+from hf_rockopd.lab import (
     benjamini_hochberg,
     collect_token_table,
     compare_token_tables,
@@ -341,7 +341,7 @@ def test_collect_refuses_an_empty_corpus_and_mismatched_vocabularies(tmp_path, t
 
 
 def test_extract_numeric_answer_and_load_problems(tmp_path):
-    from hf_rockopd.analysis import extract_numeric_answer, load_problems
+    from hf_rockopd.lab import extract_numeric_answer, load_problems
 
     assert extract_numeric_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == 72.0
     assert extract_numeric_answer("So the total is 1,250.5 dollars.") == 1250.5
@@ -355,7 +355,7 @@ def test_extract_numeric_answer_and_load_problems(tmp_path):
 
 
 def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch, tmp_path):
-    from hf_rockopd import analysis
+    from hf_rockopd.lab import token_knockout as analysis
 
     problems = [([{"role": "user", "content": f"What is {i} + {i}?"}], float(2 * i)) for i in range(4)]
     # The ban really removes the token: greedy generation with it suppressed never emits it.
@@ -394,7 +394,7 @@ def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch,
 
 
 def test_gradient_cosines_are_exact_against_per_sequence_autograd(tmp_path, tokenizer, student, teacher):
-    from hf_rockopd.analysis import GRAD_COSINE_FILE, gradient_cosines
+    from hf_rockopd.lab import GRAD_COSINE_FILE, gradient_cosines
     from hf_rockopd.losses import per_token_divergence
 
     prompts = [f"What is {i} + {i}?" for i in range(5)] + ["Hi"]
@@ -442,7 +442,7 @@ def test_gradient_cosines_are_exact_against_per_sequence_autograd(tmp_path, toke
 def test_rebuilt_batches_project_only_completion_positions(tmp_path, tokenizer, student, teacher):
     # The analysis forwards keep the logits of the positions that produced a completion token, never the prompt's:
     # the head sees at most max_new_tokens + 1 positions per row, whatever the prompt length.
-    from hf_rockopd.analysis import gradient_cosines
+    from hf_rockopd.lab import gradient_cosines
 
     prompts = [f"Please compute what {i} plus {i} times two is, step by step." for i in range(3)]
     table_dir = tmp_path / "table"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from hf_rockopd import analysis
+from hf_rockopd import lab as analysis
 from hf_rockopd.cli import main
 from hf_rockopd.evaluation import EvalResult, evaluate_completions, evaluate_gsm8k, format_results_table
 from hf_rockopd.gsm8k import extract_numeric_answer, load_gsm8k_problems, parse_gold_answer

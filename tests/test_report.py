@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hf_rockopd.analysis import load_token_table, score_token_table
+from hf_rockopd.lab import load_token_table, score_token_table
 from hf_rockopd.cli import main
-from hf_rockopd.report import ROCK_CATEGORIES, build_report, token_category, token_label
+from hf_rockopd.lab import ROCK_CATEGORIES, build_report, token_category, token_label
 
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -184,7 +184,7 @@ def test_collect_score_report_on_the_real_pair(tmp_path):
     """SmolLM2-135M-Instruct teacher, a 29-layer copy as student, 4 GSM8K questions, 24 new tokens (~2-3 min)."""
     import torch
 
-    from hf_rockopd.analysis import collect_token_table, gradient_geometry, load_prompts
+    from hf_rockopd.lab import collect_token_table, gradient_geometry, load_prompts
     from hf_rockopd.models import load_gguf_causal_lm, prune_decoder_layers, smollm2_gguf_path
 
     torch.manual_seed(0)

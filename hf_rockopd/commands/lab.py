@@ -27,9 +27,9 @@ __all__ = [
 
 def _lab():
     """The lab's functions (tables, selection, statistics, knockout): the one import of them here."""
-    from .. import analysis
+    from .. import lab
 
-    return analysis
+    return lab
 
 
 def _print_frame(frame, out: str | None) -> None:
@@ -274,7 +274,7 @@ def controls(args: ControlsArguments) -> int:
     tokens = [{"token_id": i, "token": decoded.get(i, ""), "count": int(counts[i])} for i in ids]
     save_rock_set(
         args.out, tokens, vocab_size=table.vocab_size, tokenizer_name=table.meta.get("tokenizer"),
-        source="hf_rockopd.analysis.matched_controls", role="frequency_matched_control", matched_to=args.rock_set,
+        source="hf_rockopd.lab.matched_controls", role="frequency_matched_control", matched_to=args.rock_set,
     )
     print(f"wrote {len(ids)} frequency-matched control ids to {args.out}")
     return 0
@@ -320,7 +320,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
 
 def report(args: ReportArguments, selection: SelectionArguments) -> int:
     """Run `analyze report`."""
-    from ..report import build_report
+    from ..lab import build_report
     from ..rock_set import load_rock_set
 
     lab = _lab()

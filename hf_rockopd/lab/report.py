@@ -14,8 +14,7 @@ backend of the calling program.
 
 Example:
 ```python
-from hf_rockopd.analysis import load_token_table
-from hf_rockopd.report import build_report
+from hf_rockopd.lab import build_report, load_token_table
 
 report = build_report(load_token_table("tables/early"), "report/", top_k=100, knockout="knockout.csv")
 print(report.markdown_path, report.headline["rock_token_share"])
@@ -36,86 +35,28 @@ import numpy as np
 import pandas as pd
 from transformers.utils import logging
 
-from .analysis import (
+from .categories import category_table, token_category, token_label
+from .figures import (
+    figure_categories,
+    figure_early_late,
+    figure_frequency,
+    figure_gradients,
+    figure_histogram,
+    figure_knockout,
+)
+from .gradients import gradient_geometry
+from .selection import (
     ScoreResult,
-    TokenTable,
     compare_token_tables,
-    gradient_geometry,
-    load_token_table,
+    comparison_groups,
     score_token_table,
 )
-
+from .table import TokenTable, load_token_table
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DISCOURSE_WORDS", "ROCK_CATEGORIES", "ReportResult", "build_report", "token_category", "token_label"]
+__all__ = ["ReportResult", "build_report"]
 
-ROCK_CATEGORIES = ("whitespace", "punctuation/markup", "digits", "discourse words", "content")
-
-# The paper's sentence-initial discourse words (So, Let, We, But, Now, Wait) and their kin, plus the closed-class
-# English function words (articles, pronouns, auxiliaries, prepositions, conjunctions): words that structure a
-# solution rather than carry its content. A fixed list keeps the classification reproducible and reviewable.
-DISCOURSE_WORDS = frozenset(
-    """
-    so let we but now wait then first next finally therefore thus hence however also since because well okay ok
-    alright actually instead meanwhile moreover furthermore otherwise again still yet note recall suppose assume
-    consider given remember here there this that these those it its i you he she they them their our us me my your
-    his her the a an and or nor if of to in on at by for from with as into onto over under about after before
-    between through during without within than is are was were be been being am do does did done has have had
-    can could will would shall should may might must not no yes which who whom whose what when where why how
-    all each every both either neither some any many much more most such only just very too
-    """.split()
-)
-
-_LATEX_COMMAND = re.compile(r"^\\[A-Za-z]+$")
-_NUMBER_PIECE = re.compile(r"^[\d.,]*\d[\d.,]*$")
-_SPECIAL_TOKEN = re.compile(r"^<\|?[^<>\s]+\|?>$")
-
-
-def token_category(token: str) -> str:
-    """The rock category of a decoded token string, by fixed rules applied in this order.
-
-    1. `whitespace`: nothing but spaces, tabs and newlines (`" "`, `"\\n\\n"`).
-    2. `digits`: digits, possibly with `.` and `,` separators, after stripping surrounding space (`" 8"`, `"1,2"`).
-    3. `punctuation/markup`: no letter and no digit (`","`, `" ="`, `"**"`, `"$"`), a LaTeX command (`"\\frac"`),
-       or a special token (`"<|im_end|>"`).
-    4. `discourse words`: a word of `DISCOURSE_WORDS`, case-insensitive (`" So"`, `"the"`, `" is"`).
-    5. `content`: everything else (`" balls"`, `"total"`, `"'s"`).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.report import token_category
-    >>> [token_category(t) for t in ["\\n", " 8", " =", "\\\\frac", " So", " apples"]]
-    ['whitespace', 'digits', 'punctuation/markup', 'punctuation/markup', 'discourse words', 'content']
-    ```
-    """
-    stripped = token.strip()
-    if not stripped:
-        return "whitespace"
-    if _NUMBER_PIECE.match(stripped):
-        return "digits"
-    if not any(c.isalnum() for c in stripped) or _LATEX_COMMAND.match(stripped) or _SPECIAL_TOKEN.match(stripped):
-        return "punctuation/markup"
-    if stripped.lower() in DISCOURSE_WORDS:
-        return "discourse words"
-    return "content"
-
-
-def token_label(token: str) -> str:
-    """A token string made visible for a table or a plot: control characters escaped, a leading space as `␣`.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.report import token_label
-    >>> token_label(" So"), token_label("\\n\\n")
-    ('␣So', '\\\\n\\\\n')
-    ```
-    """
-    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    # Other control characters (byte-fallback tokens) have no glyph: show their code point instead.
-    label = "".join(escapes.get(c, c if c.isprintable() else f"\\x{ord(c):02x}") for c in token)
-    stripped = label.lstrip(" ")
-    return "␣" * (len(label) - len(stripped)) + stripped if stripped else "␣" * len(label)
 
 
 @dataclass
@@ -228,121 +169,8 @@ def _num(x: float, digits: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Figures
-# ---------------------------------------------------------------------------------------------------------------------
 
 
-def _new_figure(width: float = 5.5, height: float = 3.6):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    return fig, fig.add_subplot(1, 1, 1)
-
-
-def _save(fig, path: str) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def _figure_frequency(scores: pd.DataFrame, path: str) -> None:
-    fig, ax = _new_figure()
-    rest, rocks = scores[~scores["is_rock"]], scores[scores["is_rock"]]
-    ax.scatter(rest["count"], rest["mean_divergence"], s=8, c="0.6", alpha=0.6, label="other types", linewidths=0)
-    ax.scatter(rocks["count"], rocks["mean_divergence"], s=18, c="tab:red", label="rocks", linewidths=0)
-    for _, row in rocks.head(8).iterrows():
-        ax.annotate(token_label(row["token"]), (row["count"], row["mean_divergence"]), fontsize=7,
-                    xytext=(3, 2), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("occurrences in the corpus (log)")
-    ax.set_ylabel("mean divergence")
-    ax.set_title("Frequency vs mean divergence per token type")
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def _figure_histogram(frame: pd.DataFrame, rock_ids: Sequence[int], path: str) -> None:
-    fig, ax = _new_figure()
-    is_rock = np.isin(frame["token_id"].to_numpy(), list(rock_ids))
-    divergence = frame["divergence"].to_numpy(np.float64)
-    bins = np.linspace(0.0, max(float(np.quantile(divergence, 0.995)), 1e-6), 40)
-    clipped = np.clip(divergence, 0.0, bins[-1])
-    ax.hist(clipped[~is_rock], bins=bins, density=True, alpha=0.6, color="0.5", label=f"others ({(~is_rock).sum()})")
-    ax.hist(clipped[is_rock], bins=bins, density=True, alpha=0.6, color="tab:red", label=f"rocks ({is_rock.sum()})")
-    ax.set_xlabel("per-occurrence divergence (top 0.5 % clipped into the last bin)")
-    ax.set_ylabel("density")
-    ax.set_title("Divergence of rock occurrences vs the others")
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def _figure_categories(categories: pd.DataFrame, path: str) -> None:
-    fig, ax = _new_figure()
-    x = np.arange(len(categories))
-    ax.bar(x - 0.2, categories["rock_share"], width=0.4, color="tab:red", label="rocks")
-    ax.bar(x + 0.2, categories["control_share"], width=0.4, color="0.5", label="next-ranked types (controls)")
-    ax.set_xticks(x)
-    ax.set_xticklabels(categories["category"], fontsize=8)
-    ax.set_ylabel("share of types")
-    ax.set_title("Rock categories")
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def _figure_gradients(table: TokenTable, groups: dict[str, list[int]], path: str) -> None:
-    columns = [c for c in ("logit_grad_norm", "grad_cosine") if c in table.frame.columns]
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(3.2 * len(columns) + 0.5, 3.4), dpi=100)
-    ids = table.frame["token_id"].to_numpy()
-    for j, column in enumerate(columns):
-        ax = fig.add_subplot(1, len(columns), j + 1)
-        values = table.frame[column].to_numpy(np.float64)
-        data = [values[np.isin(ids, g)] for g in groups.values()]
-        keep = [k for k, d in enumerate(data) if len(d)]
-        ax.boxplot([data[k] for k in keep], showfliers=False)
-        ax.set_xticks(np.arange(1, len(keep) + 1))
-        ax.set_xticklabels([list(groups)[k].replace("_", "\n") for k in keep], fontsize=7)
-        ax.set_title({"logit_grad_norm": "logit-gradient norm", "grad_cosine": "cosine with G_balanced"}[column],
-                     fontsize=9)
-        if column == "logit_grad_norm":
-            ax.set_yscale("log")
-    _save(fig, path)
-
-
-def _figure_early_late(early: TokenTable, late: TokenTable, groups: dict[str, list[int]], path: str) -> None:
-    fig, ax = _new_figure(4.6, 4.2)
-    a, b = early.mean_divergence(), late.mean_divergence()
-    both = np.flatnonzero(np.isfinite(a) & np.isfinite(b))
-    ax.scatter(a[both], b[both], s=6, c="0.7", linewidths=0, label="all types")
-    for (name, ids), color in zip(groups.items(), ("tab:red", "tab:blue", "tab:green")):
-        ids = np.intersect1d(np.asarray(ids, dtype=np.int64), both)
-        ax.scatter(a[ids], b[ids], s=14, c=color, linewidths=0, label=name.replace("_", " "))
-    top = float(max(np.max(a[both]), np.max(b[both]), 1e-6)) if len(both) else 1.0
-    ax.plot([0, top], [0, top], color="k", linewidth=0.8)
-    ax.set_xlabel("mean divergence, first table")
-    ax.set_ylabel("mean divergence, second table")
-    ax.set_title("Early vs late, per token type")
-    ax.legend(fontsize=7)
-    _save(fig, path)
-
-
-def _figure_knockout(frame: pd.DataFrame, path: str) -> None:
-    fig, ax = _new_figure(5.0, max(2.0, 0.9 + 0.28 * len(frame)))
-    y = np.arange(len(frame))[::-1]
-    colors = frame["verdict"].map({"Pillar": "tab:red", "Stumbling": "tab:blue"}).fillna("0.3")
-    ax.errorbar(frame["delta"], y, xerr=[frame["delta"] - frame["ci_low"], frame["ci_high"] - frame["delta"]],
-                fmt="none", ecolor="0.5", elinewidth=1)
-    ax.scatter(frame["delta"], y, c=list(colors), zorder=3, s=16)
-    ax.axvline(0.0, color="k", linewidth=0.8)
-    ax.set_yticks(y)
-    ax.set_yticklabels([token_label(str(t)) for t in frame["token"]], fontsize=7)
-    ax.set_xlabel("accuracy change when banned (95 % bootstrap interval)")
-    ax.set_title("Knockout (red: Pillar, blue: Stumbling, grey: Neutral)", fontsize=9)
-    _save(fig, path)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The report
 # ---------------------------------------------------------------------------------------------------------------------
 
 _KNOCKOUT_COLUMNS = ("token_id", "token", "accuracy", "delta", "ci_low", "ci_high", "p_value", "q_value", "verdict")
@@ -359,27 +187,6 @@ def _load_knockout(knockout: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
         raise ValueError("Knockout results are empty; run `hf-rockopd analyze knockout` on at least one token.")
     frame["token"] = frame["token"].astype(str)
     return frame
-
-
-def _category_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
-    ranked = scores[scores["eligible"]].sort_values("rank")
-    rocks, controls = ranked.head(k), ranked.iloc[k : 2 * k]
-    rows = []
-    for category in ROCK_CATEGORIES:
-        in_rocks = rocks[rocks["token"].map(token_category) == category]
-        in_controls = controls[controls["token"].map(token_category) == category]
-        rows.append(
-            {
-                "category": category,
-                "rock_types": len(in_rocks),
-                "rock_share": len(in_rocks) / max(len(rocks), 1),
-                "rock_score_share": float(in_rocks["rock_score"].sum() / max(rocks["rock_score"].sum(), 1e-300)),
-                "control_types": len(in_controls),
-                "control_share": len(in_controls) / max(len(controls), 1),
-                "examples": [str(t) for t in in_rocks["token"].head(6)],
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def build_report(
@@ -503,10 +310,10 @@ def build_report(
         )
     )
 
-    categories = _category_table(scores, k)
+    categories = category_table(scores, k)
     blocks.append((2, "Rock categories"))
     blocks.append(
-        "Rule-based on the decoded string (`hf_rockopd.report.token_category`): whitespace; digits; "
+        "Rule-based on the decoded string (`hf_rockopd.lab.token_category`): whitespace; digits; "
         "punctuation/markup (no letter or digit, a LaTeX command or a special token); discourse words (a fixed list "
         "of discourse markers and function words); content (the rest). Controls: the next "
         f"{int(categories['control_types'].sum())} eligible types by Rock Score (ranks {k + 1}-{2 * k})."
@@ -522,19 +329,17 @@ def build_report(
         )
     )
     figure("categories.png", "Rock categories: share of the rock types vs the next-ranked types", lambda p:
-           _figure_categories(categories, p))
+           figure_categories(categories, p))
 
     blocks.append((2, "Frequency and divergence"))
     figure("frequency_divergence.png", "Occurrences (log) vs mean divergence per type; rocks in red",
-           lambda p: _figure_frequency(scores, p))
+           lambda p: figure_frequency(scores, p))
     figure("divergence_histogram.png", "Per-occurrence divergence, rocks vs the other tokens",
-           lambda p: _figure_histogram(frame, score.rock_ids, p))
-
-    from .analysis import _comparison_groups
+           lambda p: figure_histogram(frame, score.rock_ids, p))
 
     if "logit_grad_norm" in frame.columns:
         geometry = gradient_geometry(table, score.rock_ids, seed=seed)
-        groups = _comparison_groups(table, score.rock_ids, None, seed)
+        groups = comparison_groups(table, score.rock_ids, None, seed)
         headline["gradient_geometry"] = geometry.to_dict(orient="records")
         blocks.append((2, "Gradient geometry"))
         blocks.append(
@@ -555,7 +360,7 @@ def build_report(
             rows.append(row)
         blocks.append(_Table(header, rows))
         figure("gradient_geometry.png", "Per-occurrence gradient geometry by group (boxes without outliers)",
-               lambda p: _figure_gradients(table, groups, p))
+               lambda p: figure_gradients(table, groups, p))
 
     if late is not None:
         comparison = compare_token_tables(table, late, score.rock_ids, seed=seed)
@@ -573,9 +378,9 @@ def build_report(
                   _num(r["median_shift"]), _num(r["p_value"])] for _, r in comparison.iterrows()],
             )
         )
-        groups = _comparison_groups(table, score.rock_ids, None, seed)
+        groups = comparison_groups(table, score.rock_ids, None, seed)
         figure("early_late.png", "Per-type mean divergence in the two tables (diagonal: no change)",
-               lambda p: _figure_early_late(table, late, groups, p))
+               lambda p: figure_early_late(table, late, groups, p))
 
     if knockout_frame is not None:
         # Every row's accuracy minus its change is the unbanned accuracy, so the CSV alone gives the baseline.
@@ -604,7 +409,7 @@ def build_report(
                   str(r["verdict"])] for _, r in knockout_frame.iterrows()],
             )
         )
-        figure("knockout.png", "Accuracy change per banned token", lambda p: _figure_knockout(knockout_frame, p))
+        figure("knockout.png", "Accuracy change per banned token", lambda p: figure_knockout(knockout_frame, p))
 
     markdown_path = os.path.join(output_dir, "report.md")
     html_path = os.path.join(output_dir, "report.html")

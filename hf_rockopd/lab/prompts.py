@@ -1,0 +1,59 @@
+"""Prompt loading for the lab: chat prompts for `collect_token_table`, GSM8K problems for `knockout`.
+
+Both read JSON lines with `hf_rockopd.gsm8k.read_jsonl`, the package's one reader.
+
+Example:
+```python
+prompts = load_prompts("gsm8k/train.jsonl", limit=500)          # chats, for collect_token_table
+problems = load_problems("gsm8k/train.jsonl", limit=200)        # (chat, gold) pairs, for knockout
+```
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..gsm8k import load_gsm8k_problems, read_jsonl
+
+__all__ = ["load_problems", "load_prompts"]
+
+# One GSM8K loader for the knockout and `hf-rockopd eval`: this name is kept for scripts written against it.
+load_problems = load_gsm8k_problems
+
+
+def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: str | None = None) -> list[Any]:
+    """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K).
+
+    Returns chat message lists (`[{"role": "user", "content": ...}]`), the form `collect_token_table` takes.
+
+    Example:
+    ```python
+    >>> import tempfile, os, json
+    >>> from hf_rockopd.lab import load_prompts
+    >>> path = os.path.join(tempfile.mkdtemp(), "p.jsonl")
+    >>> _ = open(path, "w").write(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\\n")
+    >>> load_prompts(path)
+    [[{'role': 'user', 'content': '1 + 1?'}]]
+    ```
+    """
+    fields = [field_name] if field_name else ["messages", "prompt", "question"]
+    prompts: list[Any] = []
+    for line_no, row in read_jsonl(path, limit):
+        found = next((name for name in fields if isinstance(row, dict) and row.get(name)), None)
+        if found is None:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(
+                f"{path}, line {line_no}: no prompt field; expected one of {fields}, got {keys}. Pass "
+                "`field_name=` (`--prompt-field`) to name the column that holds the prompt."
+            )
+        value = row[found]
+        if found == "messages":
+            # Drop a trailing assistant answer: the student must generate it.
+            value = [m for m in value if m.get("role") != "assistant"] or value
+            prompts.append(value)
+        else:
+            prompts.append([{"role": "user", "content": str(value)}])
+    if not prompts:
+        raise ValueError(f"{path} holds no prompt. Give a JSON-lines file with one prompt per line.")
+    return prompts
