@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_rockopd import RockOPDConfig, RockOPDTrainer  # noqa: F401 - the rock set must load into the policy below
+from hf_rockopd.cli import main
 from hf_rockopd.lab import (
     benjamini_hochberg,
     collect_token_table,
@@ -21,7 +22,6 @@ from hf_rockopd.lab import (
     score_token_table,
     stability_sweep,
 )
-from hf_rockopd.cli import main
 from hf_rockopd.policies import get_policy
 from hf_rockopd.rock_set import load_rock_set
 

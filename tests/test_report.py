@@ -10,10 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hf_rockopd.lab import load_token_table, score_token_table
 from hf_rockopd.cli import main
-from hf_rockopd.lab import ROCK_CATEGORIES, build_report, token_category, token_label
-
+from hf_rockopd.lab import (
+    ROCK_CATEGORIES,
+    build_report,
+    load_token_table,
+    score_token_table,
+    token_category,
+    token_label,
+)
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
