@@ -39,6 +39,7 @@ from .modeling import check_same_vocabulary, eos_token_ids, vocab_size
 from .rock_set import load_rock_set, validate_token_ids
 from .rollout import generate_completions, pad_token_id, score_completions
 
+
 logger = logging.get_logger(__name__)
 
 __all__ = ["EvalResult", "evaluate_completions", "evaluate_gsm8k", "format_results_table"]

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+
 __all__ = [
     "ANSWER_ABS_TOL",
     "ANSWER_REL_TOL",

@@ -28,6 +28,7 @@ import torch
 from .losses import per_token_divergence
 from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids
 
+
 __all__ = [
     "as_chat",
     "completion_logits",

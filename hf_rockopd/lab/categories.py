@@ -15,6 +15,7 @@ import re
 
 import pandas as pd
 
+
 __all__ = ["DISCOURSE_WORDS", "ROCK_CATEGORIES", "category_table", "token_category", "token_label"]
 
 ROCK_CATEGORIES = ("whitespace", "punctuation/markup", "digits", "discourse words", "content")

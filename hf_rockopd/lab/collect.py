@@ -25,6 +25,7 @@ from ..rollout import eval_mode, generate_completions, pad_token_id, scored_chun
 from .gradients import gradient_cosines
 from .table import GRAD_COSINE_FILE, part_name, prepare_table_dir, write_part
 
+
 __all__ = ["collect_token_table"]
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from .categories import token_label
 from .table import TokenTable
 
+
 __all__ = [
     "figure_categories",
     "figure_early_late",

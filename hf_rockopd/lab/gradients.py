@@ -24,6 +24,7 @@ from ..rollout import encode_prompts, eval_mode, pad_token_id, scored_chunks
 from .selection import comparison_groups
 from .table import TokenTable, load_token_table, read_parts, write_grad_cosines
 
+
 logger = logging.get_logger(__name__)
 
 __all__ = ["gradient_cosines", "gradient_geometry"]

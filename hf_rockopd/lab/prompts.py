@@ -16,6 +16,7 @@ from typing import Any
 
 from ..gsm8k import load_gsm8k_problems, read_jsonl
 
+
 __all__ = ["load_problems", "load_prompts"]
 
 # One GSM8K loader for the knockout and `hf-rockopd eval`: this name is kept for scripts written against it.

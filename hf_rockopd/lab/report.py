@@ -53,6 +53,7 @@ from .selection import (
 )
 from .table import TokenTable, load_token_table
 
+
 logger = logging.get_logger(__name__)
 
 __all__ = ["ReportResult", "build_report"]

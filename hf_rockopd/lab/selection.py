@@ -24,6 +24,7 @@ from scipy import stats
 from ..rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 from .table import TokenTable, check_same_tokenizer
 
+
 __all__ = [
     "ScoreResult",
     "compare_token_tables",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+
 __all__ = ["benjamini_hochberg", "paired_bootstrap"]
 
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers.utils import logging
 
+
 logger = logging.get_logger(__name__)
 
 __all__ = [

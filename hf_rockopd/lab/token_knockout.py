@@ -24,6 +24,7 @@ from ..modeling import vocab_size
 from ..rollout import generate_completions
 from .stats import benjamini_hochberg, paired_bootstrap
 
+
 __all__ = ["knockout"]
 
 
