@@ -56,7 +56,8 @@ def as_chat(prompt: Any) -> Chat:
     """
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, tuple) and len(prompt) == 2 and isinstance(prompt[1], (int, float)):
+    # A chat's items are message dicts, never numbers, so a pair ending in a number is a problem.
+    if isinstance(prompt, (tuple, list)) and len(prompt) == 2 and isinstance(prompt[1], (int, float)):
         return list(prompt[0])
     return list(prompt)
 

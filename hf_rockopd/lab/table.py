@@ -200,7 +200,16 @@ def _check_meta_matches(output_dir: str | os.PathLike, meta: Mapping[str, Any]) 
 
 @dataclass
 class TokenTable:
-    """A token table (`frame`, one row per generated token) and the metadata of its collection."""
+    """A token table (`frame`, one row per generated token) and the metadata of its collection.
+
+    Example:
+    ```python
+    >>> import pandas as pd
+    >>> table = TokenTable(pd.DataFrame({"token_id": [1, 1, 3], "token": ["a", "a", "c"], "divergence": [0.2, 0.4, 1.0]}))
+    >>> table.vocab_size, table.counts().tolist(), table.decode()
+    (4, [0.0, 2.0, 0.0, 1.0], {1: 'a', 3: 'c'})
+    ```
+    """
 
     frame: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
