@@ -343,9 +343,9 @@ def step_ratios(records: list[dict]) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------- main ----
 def _compile_default() -> bool:
-    from hf_rockopd import losses
+    from hf_rockopd.losses.closed_form import _compile_requested
 
-    return losses._COMPILE_ON_CUDA
+    return _compile_requested()
 
 def _environment(device: torch.device) -> dict:
     import importlib.metadata as md

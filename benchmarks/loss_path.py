@@ -147,7 +147,7 @@ def make_inputs(case: LossCase, device: str | torch.device = "cpu", dtype: torch
     return {"h_s": h_s, "h_t": h_t, "head_s": head_s, "head_t": head_t, "weights": weights}
 
 
-def _rockopd_loss(inputs: dict, case: LossCase, uniform: bool = False) -> torch.Tensor:
+def _rockopd_loss(inputs: dict, case: LossCase, uniform: bool = False, compile: bool | None = None) -> torch.Tensor:
     from hf_rockopd.losses import chunked_weighted_loss
 
     weights = torch.ones_like(inputs["weights"]) if uniform else inputs["weights"]
@@ -162,6 +162,7 @@ def _rockopd_loss(inputs: dict, case: LossCase, uniform: bool = False) -> torch.
         beta=case.beta,
         temperature=1.0,
         chunk_size=case.chunk_size,
+        compile=compile,
     )
     return loss
 
@@ -214,13 +215,7 @@ def _distillation_loss(inputs: dict, case: LossCase) -> torch.Tensor:
 
 def _rockopd_eager_loss(inputs: dict, case: LossCase) -> torch.Tensor:
     """Ours with the chunk's closed forms left uncompiled (they are compiled on CUDA by default)."""
-    from hf_rockopd import losses
-
-    saved, losses._COMPILE_ON_CUDA = losses._COMPILE_ON_CUDA, False
-    try:
-        return _rockopd_loss(inputs, case)
-    finally:
-        losses._COMPILE_ON_CUDA = saved
+    return _rockopd_loss(inputs, case, compile=False)
 
 
 _LOSSES = {

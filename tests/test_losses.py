@@ -335,7 +335,7 @@ def test_fused_bf16_matches_autograd_on_the_same_bf16_logits():
 @pytest.mark.parametrize("temperature", [1.0, 1.7])
 def test_compilable_closed_forms_equal_the_eager_ones(beta, temperature):
     """`_terms_math`, the pure function CUDA compiles, computes what the eager in-place formulas compute."""
-    from hf_rockopd.losses import _chunk_terms, _terms_math
+    from hf_rockopd.losses.closed_form import _chunk_terms, _terms_math
 
     torch.manual_seed(12)
     z_s, z_t = torch.randn(6, 301) * 3, torch.randn(6, 301) * 3
@@ -350,8 +350,9 @@ def test_loss_through_the_compiled_branch_matches_and_falls_back_on_minus_inf(be
     """The branch CUDA takes (pure closed forms, then the finiteness check), run here with the uncompiled function:
     same loss and gradients as the reference, and a chunk with -inf logits is redone by the masked formulas from the
     logits the pure function left intact."""
-    from hf_rockopd import losses
+    from hf_rockopd.losses import closed_form as losses
 
+    monkeypatch.setenv("HF_ROCKOPD_COMPILE_LOSS", "1")  # the default, whatever the environment running the tests says
     monkeypatch.setattr(losses, "_compiled_terms", losses._terms_math)
     torch.manual_seed(13)
     n, h, v = 9, 6, 29
@@ -381,10 +382,9 @@ def test_cuda_bf16_loss_projects_with_float32_logits_and_is_closer_to_float64_th
     """On CUDA a bare bf16 head writes float32 logits and its gradient is accumulated in float32 from bf16 operands
     (TRL's kernels do the same). Against float64 on the same bf16 inputs that must be more accurate than autograd on
     bf16 logits (what full-logit GKD computes), for both paths, with bf16 gradients of the parameters' dtype."""
-    from hf_rockopd import losses
-    from hf_rockopd.losses import _logits
+    from hf_rockopd.losses.fused import _logits
 
-    monkeypatch.setattr(losses, "_COMPILE_ON_CUDA", compiled)
+    monkeypatch.setenv("HF_ROCKOPD_COMPILE_LOSS", "1" if compiled else "0")
     torch.manual_seed(11)
     n, h, h_t, v = 96, 64, 128, 4096
     s_head = torch.nn.Linear(h, v, bias=False, device="cuda", dtype=torch.bfloat16)
@@ -535,3 +535,31 @@ def test_linear_head_with_a_forward_hook_keeps_the_hook():
     torch.testing.assert_close(scores.divergence, full, rtol=1e-5, atol=1e-6)
     for a, b in zip(_grads(loss, (hs, s_head.weight)), _grads(ref, (hs, s_head.weight))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "env, compile, expected", [("1", None, True), ("0", None, False), ("0", True, True), ("1", False, False)]
+)
+def test_compilation_is_a_per_call_choice(env, compile, expected, monkeypatch):
+    """`compile=` decides for one call; without it the environment is read at the call (no module switch to flip)."""
+    from hf_rockopd.losses import closed_form
+
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return closed_form._terms_math(*args)
+
+    monkeypatch.setenv("HF_ROCKOPD_COMPILE_LOSS", env)
+    monkeypatch.setattr(closed_form, "_compiled_terms", spy)
+    torch.manual_seed(14)
+    head = torch.nn.Linear(4, 13)
+    hs, ht, weights = torch.randn(5, 4, requires_grad=True), torch.randn(5, 4), torch.rand(5)
+    loss, _ = chunked_weighted_loss(hs, ht, head, head, weights, 5, 0.5, chunk_size=2, compile=compile)
+    row = chunked_divergence(hs, ht, head, head, 0.5, chunk_size=2, compile=compile).divergence
+    norm = logit_grad_norm(head(hs).detach(), head(ht).detach(), 0.5, compile=compile)
+    assert bool(calls) is expected
+    ref, _ = _reference_loss(hs, ht, head, head, weights, 5, 0.5, 1.0)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(weighted_loss(row, weights, 5), ref, rtol=1e-5, atol=1e-7)
+    assert norm.shape == (5,)

@@ -1,16 +1,9 @@
-"""Per-token divergences between a student and a teacher, and the chunked, token-weighted loss built on them.
+"""The chunked, token-weighted loss: hidden states projected through the two output heads `chunk_size` rows at a time,
+so no `(N, V)` tensor ever exists, with the gradient written in closed form (see [`closed_form`](./closed_form.py))
+instead of back-propagated through the softmaxes.
 
 Everything here is a pure function of tensors (and of the two output heads, called as modules): the trainer decides
 which rows to project and with which weights, and this module turns that into numbers.
-
-Conventions follow TRL's `GKDTrainer.generalized_jsd_loss` exactly (Agarwal et al., 2024, Eq. 1):
-
-- `beta == 0`: forward KL, `KL(teacher ‖ student)`;
-- `beta == 1`: reverse KL, `KL(student ‖ teacher)` (the rock-token paper's on-policy loss);
-- `0 < beta < 1`: `beta · KL(teacher ‖ M) + (1 − beta) · KL(student ‖ M)` with `M = (1 − beta) · student + beta · teacher`.
-
-Two chunked entry points project hidden states through the heads `chunk_size` rows at a time, so no `(N, V)` tensor
-ever exists, and write the gradient in closed form instead of back-propagating through the softmaxes:
 
 - [`chunked_weighted_loss`]: weights known before projecting (fixed rock sets, the usual case). Each chunk's gradient
   is formed and pushed through the head in the forward pass, 4 matrix products per chunk, as many as full logits need.
@@ -22,370 +15,17 @@ The measured effect is in BENCHMARKS.md (`python -m benchmarks.loss_path`).
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
-import torch.nn.functional as F
 from packaging.version import Version
-from transformers.utils import logging
+
+from .closed_form import ChunkedDivergence, _chunk_terms, _chunk_terms_masked, _ChunkTerms, _compile_requested
+from .reference import _validate_beta, _validate_temperature
 
 
-logger = logging.get_logger(__name__)
-
-
-__all__ = [
-    "ChunkedDivergence",
-    "chunked_divergence",
-    "chunked_weighted_loss",
-    "logit_grad_norm",
-    "per_token_divergence",
-    "per_token_entropy",
-    "weighted_loss",
-]
-
-
-def _validate_beta(beta: float) -> float:
-    beta = float(beta)
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}.")
-    return beta
-
-
-def _validate_temperature(temperature: float) -> float:
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}.")
-    return float(temperature)
-
-
-def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    _validate_temperature(temperature)
-    # float32 internally: bf16 log-softmax over 150k entries loses the small probabilities the KL is made of.
-    logits = logits.float()
-    if temperature != 1.0:
-        # Skipped at 1: a full (rows, V) pass in the forward and again in the backward, for an exact no-op.
-        logits = logits / temperature
-    return F.log_softmax(logits, dim=-1)
-
-
-def _kl_from_log_probs(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
-    """`KL(p ‖ q)` per row. Entries with `p == 0` (e.g. `-inf` logits) contribute exactly 0, with a finite gradient.
-
-    `F.kl_div` computes `0 · (−inf − x) = nan` there; masking the logs before the product keeps both the value and its
-    gradient finite (a `torch.where` after the product would still back-propagate `0 · inf`).
-    """
-    p = log_p.exp()
-    support = p > 0
-    log_p = log_p.masked_fill(~support, 0.0)
-    log_q = log_q.masked_fill(~support, 0.0)
-    return (p * (log_p - log_q)).sum(dim=-1)
-
-
-def _mixture_log_probs(student_lp: torch.Tensor, teacher_lp: torch.Tensor, beta: float) -> torch.Tensor:
-    """`log((1 − beta) · s + beta · t)`. Where both are 0 (`-inf` logits in both models) the logsumexp backward would
-    compute `exp(−inf − (−inf)) = nan`, so those entries are taken out of the logsumexp and set to `-inf` after."""
-    neither = torch.isneginf(student_lp) & torch.isneginf(teacher_lp)
-    parts = torch.stack(
-        [
-            (student_lp + math.log1p(-beta)).masked_fill(neither, 0.0),
-            (teacher_lp + math.log(beta)).masked_fill(neither, 0.0),
-        ]
-    )
-    return torch.logsumexp(parts, dim=0).masked_fill(neither, -math.inf)
-
-
-def _divergence_from_log_probs(student_lp: torch.Tensor, teacher_lp: torch.Tensor, beta: float) -> torch.Tensor:
-    if beta == 0.0:
-        return _kl_from_log_probs(teacher_lp, student_lp)
-    if beta == 1.0:
-        return _kl_from_log_probs(student_lp, teacher_lp)
-    mixture_lp = _mixture_log_probs(student_lp, teacher_lp, beta)
-    return beta * _kl_from_log_probs(teacher_lp, mixture_lp) + (1.0 - beta) * _kl_from_log_probs(
-        student_lp, mixture_lp
-    )
-
-
-def per_token_divergence(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    beta: float,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """Generalized Jensen–Shannon divergence per row, with TRL's `beta` convention.
-
-    Args:
-        student_logits (`torch.Tensor`): `(N, V)` student logits (any float dtype; computed in float32).
-        teacher_logits (`torch.Tensor`): `(N, V)` teacher logits.
-        beta (`float`): `0` forward KL `KL(teacher‖student)`, `1` reverse KL `KL(student‖teacher)`, in between the
-            mixture form.
-        temperature (`float`, *optional*, defaults to `1.0`): both logits are divided by it before the softmax.
-
-    Returns:
-        `torch.Tensor`: `(N,)` float32 divergences, differentiable with respect to both inputs.
-
-    Example:
-    ```python
-    >>> import torch
-    >>> from hf_rockopd.losses import per_token_divergence
-    >>> s, t = torch.randn(3, 10), torch.randn(3, 10)
-    >>> per_token_divergence(s, t, beta=1.0).shape
-    torch.Size([3])
-    >>> float(per_token_divergence(s, s, beta=0.5).abs().max()) < 1e-6
-    True
-    ```
-    """
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
-            f"student_logits and teacher_logits must have the same shape, got {tuple(student_logits.shape)} and "
-            f"{tuple(teacher_logits.shape)}. Student and teacher must share a vocabulary."
-        )
-    beta = _validate_beta(beta)
-    return _divergence_from_log_probs(
-        _log_probs(student_logits, temperature), _log_probs(teacher_logits, temperature), beta
-    )
-
-
-def per_token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Shannon entropy (nats) of `softmax(logits / temperature)` per row, float32, `(N, V) -> (N,)`.
-
-    Example:
-    ```python
-    >>> import torch
-    >>> from hf_rockopd.losses import per_token_entropy
-    >>> round(float(per_token_entropy(torch.zeros(1, 4))), 4)  # log(4)
-    1.3863
-    ```
-    """
-    lp = _log_probs(logits, temperature)
-    p = lp.exp()
-    return -(p * lp.masked_fill(p == 0, 0.0)).sum(dim=-1)
-
-
-def logit_grad_norm(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float = 1.0
-) -> torch.Tensor:
-    """L2 norm of `d per_token_divergence / d student_logits` per row, in closed form (no backward pass).
-
-    This is the per-occurrence "logit-gradient norm" of the rock-token paper's gradient-geometry analysis: how hard a
-    token pulls on the student under uniform weights.
-
-    Example:
-    ```python
-    >>> import torch
-    >>> from hf_rockopd.losses import logit_grad_norm, per_token_divergence
-    >>> s = torch.randn(2, 8, requires_grad=True); t = torch.randn(2, 8)
-    >>> per_token_divergence(s, t, beta=1.0).sum().backward()
-    >>> torch.allclose(logit_grad_norm(s.detach(), t, beta=1.0), s.grad.norm(dim=-1), atol=1e-6)
-    True
-    ```
-    """
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
-            f"student_logits and teacher_logits must have the same shape, got {tuple(student_logits.shape)} and "
-            f"{tuple(teacher_logits.shape)}."
-        )
-    beta = _validate_beta(beta)
-    _validate_temperature(temperature)
-    return _chunk_terms(student_logits.detach(), teacher_logits.detach(), beta, temperature).logit_grad_norm
-
-
-@dataclass
-class ChunkedDivergence:
-    """Result of [`chunked_divergence`] for `N` projected rows.
-
-    Attributes:
-        divergence (`torch.Tensor`): `(N,)` float32, differentiable with respect to the student.
-        student_entropy (`torch.Tensor`): `(N,)` float32, detached.
-        teacher_entropy (`torch.Tensor`): `(N,)` float32, detached.
-        logit_grad_norm (`torch.Tensor`): `(N,)` float32, detached; see [`logit_grad_norm`].
-    """
-
-    divergence: torch.Tensor
-    student_entropy: torch.Tensor
-    teacher_entropy: torch.Tensor
-    logit_grad_norm: torch.Tensor
-
-
-def _dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`Σ_k a[i, k] · b[i, k]` per row, a few rows at a time: `vecdot` materializes the `(n, V)` product, which would
-    be the chunk's largest buffer after its 4 softmaxes. Not `bmm`: its float32 dot accumulates serially, 10x less
-    accurate over V = 49,152 (measured: 1.3e-4 vs 1.0e-5 relative), which broke the 1e-5 agreement with TRL's losses."""
-    block = _DOT_BLOCK_ENTRIES_CUDA if a.is_cuda else _DOT_BLOCK_ENTRIES
-    rows = max(1, block // max(1, a.shape[-1]))
-    if a.shape[0] <= rows:
-        return torch.linalg.vecdot(a, b, dim=-1)
-    return torch.cat([torch.linalg.vecdot(a[i : i + rows], b[i : i + rows], dim=-1) for i in range(0, a.shape[0], rows)])
-
-
-_DOT_BLOCK_ENTRIES = 2**20  # 4 MiB of float32 products at once
-# On a GPU each block is two kernel launches: at 4 MiB a 512-row chunk over V = 151,936 took 85 blocks per dot and
-# the loss path ran launch-bound, 2.2x slower than GKD's (H200, BENCHMARKS.md). 256 MiB blocks: one or two per dot.
-_DOT_BLOCK_ENTRIES_CUDA = 2**26
-
-
-def _log_softmax_and_softmax(z: torch.Tensor, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(log_softmax(z), softmax(z))` over the last dim from one `exp` pass; with `inplace` the log-softmax
-    overwrites `z`, so a chunk holds 2 `(n, V)` buffers per model instead of 3.
-
-    Also more accurate than `torch.log_softmax` in float32 on the CPU: over V = 49,152 its entries are off by up to
-    5e-6 (1.8e-6 this way, against float64), which the mixture's gradient amplifies to 3e-5 relative (6e-6 this way).
-    """
-    m = z.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: nan below, caught by the caller
-    p = (z - m).exp_()
-    total = p.sum(dim=-1, keepdim=True)
-    shift = m + total.log()
-    return (z.sub_(shift) if inplace else z - shift), p.div_(total)
-
-
-@dataclass
-class _ChunkTerms(ChunkedDivergence):
-    grad: torch.Tensor  # d divergence[i] / d student_logits[i], float32 (n, V)
-
-
-def _terms_math(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(divergence, student entropy, teacher entropy, logit-gradient norm, gradient)` of a chunk: the closed forms of
-    [`_chunk_terms`] written as one pure function, for `torch.compile` to fuse into a few kernels on CUDA (eager, the
-    same formulas cost ~30 passes over the `(n, V)` chunk and a buffer per intermediate)."""
-    z_s, z_t = student_logits.float() / temperature, teacher_logits.float() / temperature
-    ls, lt = torch.log_softmax(z_s, dim=-1), torch.log_softmax(z_t, dim=-1)
-    s, t = ls.exp(), lt.exp()
-    s_ent, t_ent = -(s * ls).sum(-1), -(t * lt).sum(-1)
-    if beta == 0.0:
-        div = (t * (lt - ls)).sum(-1)
-        grad = s - t
-    elif beta == 1.0:
-        a = ls - lt
-        div = (s * a).sum(-1)
-        grad = s * (a - div.unsqueeze(1))
-    else:
-        lm = torch.logaddexp(ls + math.log1p(-beta), lt + math.log(beta))
-        a = ls - lm
-        s_a = (s * a).sum(-1)
-        div = beta * (t * (lt - lm)).sum(-1) + (1.0 - beta) * s_a
-        grad = (1.0 - beta) * s * (a - s_a.unsqueeze(1))
-    grad = grad / temperature
-    return div, s_ent, t_ent, torch.linalg.vector_norm(grad, dim=-1), grad
-
-
-# `torch.compile` of `_terms_math` on CUDA; `HF_ROCKOPD_COMPILE_LOSS=0` keeps the eager formulas. Not on the CPU: there
-# the eager formulas are the more accurate (see `_log_softmax_and_softmax`, `_dot_rows`) and compiling costs minutes.
-_COMPILE_ON_CUDA = os.environ.get("HF_ROCKOPD_COMPILE_LOSS", "1") != "0"
-_COMPILED_TERMS: Callable | None = None
-
-
-def _compiled_terms(student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float):
-    """`_terms_math` compiled (once; `dynamic` so the last, shorter chunk of a batch does not recompile), or `None`
-    where compiling is off or failed (the failure is logged once and the eager formulas are used from then on)."""
-    global _COMPILE_ON_CUDA, _COMPILED_TERMS
-    if not (_COMPILE_ON_CUDA and student_logits.is_cuda):
-        return None
-    if _COMPILED_TERMS is None:
-        _COMPILED_TERMS = torch.compile(_terms_math, dynamic=True)
-    try:
-        return _COMPILED_TERMS(student_logits, teacher_logits, beta, temperature)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as err:  # a compiler failure: the eager path computes the same numbers
-        _COMPILE_ON_CUDA = False
-        logger.warning(f"torch.compile of the chunked loss failed ({type(err).__name__}: {err}); using eager formulas.")
-        return None
-
-
-def _chunk_terms(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    beta: float,
-    temperature: float,
-    overwrite_student: bool = False,
-    overwrite_teacher: bool = False,
-) -> _ChunkTerms | None:
-    """Divergence, both entropies and the closed-form gradient of one chunk of logits, with as few `(n, V)` passes
-    and buffers as the formulas allow (log-softmaxes are overwritten in place once their entropy is taken; with
-    `overwrite_*`, so are the float32 logits passed in).
-
-    The closed forms are those of [`logit_grad_norm`]. They hold wherever both log-softmaxes are finite; a chunk with
-    `-inf` logits (banned tokens) gives a non-finite value somewhere and is redone by the masked autograd reference,
-    so edge cases cost time only where they occur. If logits were overwritten they are gone by then, and `None` asks
-    the caller to project the chunk again.
-    """
-    compiled = _compiled_terms(student_logits, teacher_logits, beta, temperature)
-    if compiled is not None:
-        # The compiled formulas overwrite nothing: a non-finite chunk can be redone from the same logits.
-        return _finite_or_masked(student_logits, teacher_logits, beta, temperature, False, *compiled)
-    z_s, z_t = student_logits.float(), teacher_logits.float()
-    if temperature != 1.0:
-        z_s, z_t = z_s / temperature, z_t / temperature
-    own_s, own_t = overwrite_student or z_s is not student_logits, overwrite_teacher or z_t is not teacher_logits
-    ls, s = _log_softmax_and_softmax(z_s, inplace=own_s)
-    lt, t = _log_softmax_and_softmax(z_t, inplace=own_t)
-    del z_s, z_t
-    s_ent, t_ent = -_dot_rows(s, ls), -_dot_rows(t, lt)
-    if beta == 0.0:
-        # KL(t ‖ s); d/dz = s − t.
-        div = _dot_rows(t, lt.sub_(ls))
-        del ls, lt
-        grad = s.sub_(t)
-    elif beta == 1.0:
-        # KL(s ‖ t); d/dz_j = s_j (a_j − Σ_k s_k a_k) with a = log s − log t, and Σ_k s_k a_k is the divergence itself.
-        del t
-        a = ls.sub_(lt)
-        del lt
-        div = _dot_rows(s, a)
-        grad = a.sub_(div.unsqueeze(1)).mul_(s)
-    else:
-        # The mixture is computed once, into one new buffer: log M = log β + logaddexp(log s + log((1−β)/β), log t).
-        lm = ls + (math.log1p(-beta) - math.log(beta))
-        torch.logaddexp(lm, lt, out=lm).add_(math.log(beta))
-        a = ls.sub_(lm)
-        s_a = _dot_rows(s, a)
-        div = beta * _dot_rows(t, lt.sub_(lm)) + (1.0 - beta) * s_a
-        del lm, lt, t
-        grad = a.sub_(s_a.unsqueeze(1)).mul_(s).mul_(1.0 - beta)
-    if temperature != 1.0:
-        grad.div_(temperature)
-    del s
-    g_norm = torch.linalg.vector_norm(grad, dim=-1)
-    return _finite_or_masked(
-        student_logits, teacher_logits, beta, temperature, overwrite_student or overwrite_teacher,
-        div, s_ent, t_ent, g_norm, grad,
-    )  # fmt: skip
-
-
-def _finite_or_masked(
-    student_logits, teacher_logits, beta, temperature, overwritten, div, s_ent, t_ent, g_norm, grad
-) -> _ChunkTerms | None:
-    """The chunk's terms if all are finite; else the masked reference's, or `None` (project again) if the logits were
-    overwritten."""
-    if not bool(torch.isfinite(torch.stack([div, s_ent, t_ent, g_norm])).all()):
-        del grad
-        if overwritten:
-            return None
-        return _chunk_terms_masked(student_logits, teacher_logits, beta, temperature)
-    return _ChunkTerms(div, s_ent, t_ent, g_norm, grad)
-
-
-def _chunk_terms_masked(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float
-) -> _ChunkTerms:
-    """[`_chunk_terms`] through the masked reference formulas and autograd: exact 0 (with a finite gradient) for
-    entries that are impossible under both distributions, `inf` where only one of them rules a token out."""
-    with torch.enable_grad():
-        z = student_logits.detach().float().requires_grad_(True)
-        ls = _log_probs(z, temperature)
-        lt = _log_probs(teacher_logits.detach(), temperature)
-        div = _divergence_from_log_probs(ls, lt, beta)
-        (grad,) = torch.autograd.grad(div.sum(), z)
-    ls = ls.detach()
-
-    def entropy(lp: torch.Tensor) -> torch.Tensor:
-        return -(lp.exp() * lp.masked_fill(torch.isneginf(lp), 0.0)).sum(-1)
-
-    return _ChunkTerms(div.detach(), entropy(ls), entropy(lt), torch.linalg.vector_norm(grad, dim=-1), grad)
+__all__ = ["chunked_divergence", "chunked_weighted_loss", "weighted_loss"]
 
 
 def _trainable_leaves(head: Callable[[torch.Tensor], torch.Tensor], probe: torch.Tensor) -> list[torch.Tensor]:
@@ -415,6 +55,7 @@ class _Heads:
     beta: float
     temperature: float
     chunk_size: int
+    compile: bool  # the chunk's closed forms through `torch.compile` (CUDA only)
 
 
 def _bare_linear(head: Callable[[torch.Tensor], torch.Tensor]) -> bool:
@@ -531,8 +172,9 @@ def _project_chunk(heads: _Heads, h_s: torch.Tensor, h_t: torch.Tensor, track: b
         z_t = _logits(heads.teacher, h_t)
         # The student's logits are overwritten only when no graph needs them (a head may save its output).
         terms = _chunk_terms(
-            z_s.detach(), z_t, heads.beta, heads.temperature, overwrite_student=not track, overwrite_teacher=True
-        )
+            z_s.detach(), z_t, heads.beta, heads.temperature, overwrite_student=not track, overwrite_teacher=True,
+            compile=heads.compile,
+        )  # fmt: skip
         if terms is None:
             # -inf logits somewhere in the chunk (rare): project it again for the masked reference formulas.
             terms = _chunk_terms_masked(heads.student(h_s), heads.teacher(h_t), heads.beta, heads.temperature)
@@ -662,6 +304,8 @@ def chunked_divergence(
     beta: float,
     temperature: float = 1.0,
     chunk_size: int = 512,
+    *,
+    compile: bool | None = None,
 ) -> ChunkedDivergence:
     """Per-row divergence of hidden states projected through the two output heads, `chunk_size` rows at a time.
 
@@ -678,6 +322,9 @@ def chunked_divergence(
         beta (`float`): see [`per_token_divergence`].
         temperature (`float`, *optional*, defaults to `1.0`): divergence temperature.
         chunk_size (`int`, *optional*, defaults to `512`): rows projected at once.
+        compile (`bool`, *optional*): run each chunk's closed forms through `torch.compile` on CUDA (the CPU always
+            runs the eager formulas). `None`: on unless the environment has `HF_ROCKOPD_COMPILE_LOSS=0`, read at this
+            call.
 
     Returns:
         [`ChunkedDivergence`]: the divergence is differentiable with respect to the student hidden states and head.
@@ -698,7 +345,7 @@ def chunked_divergence(
     if student_hidden.shape[0] == 0:
         empty = torch.zeros(0, device=student_hidden.device, dtype=torch.float32)
         return ChunkedDivergence(empty, empty, empty, empty)
-    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size))
+    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size), _compile_requested(compile))
     want_hidden, params = _grad_targets(student_hidden, student_head)
     stats = _RowDivergence.apply(student_hidden, teacher_hidden, heads, want_hidden, *params)
     return ChunkedDivergence(*stats)
@@ -714,6 +361,8 @@ def chunked_weighted_loss(
     beta: float,
     temperature: float = 1.0,
     chunk_size: int = 512,
+    *,
+    compile: bool | None = None,
 ) -> tuple[torch.Tensor, ChunkedDivergence]:
     """`Σ weights · divergence / normalizer` of hidden states projected in chunks, with the gradient fused in.
 
@@ -723,7 +372,7 @@ def chunked_weighted_loss(
     the rows that carry weight.
 
     Args:
-        student_hidden, teacher_hidden, student_head, teacher_head, beta, temperature, chunk_size:
+        student_hidden, teacher_hidden, student_head, teacher_head, beta, temperature, chunk_size, compile:
             see [`chunked_divergence`].
         weights (`torch.Tensor`): `(N,)` non-negative row weights, not differentiated.
         normalizer (`torch.Tensor` or `float`): see [`weighted_loss`]; 0 is treated as 1.
@@ -755,7 +404,7 @@ def chunked_weighted_loss(
         zero = student_hidden.float().sum() * 0.0
         return zero, ChunkedDivergence(empty, empty, empty, empty)
     row_scale = weights.detach().to(device=device, dtype=torch.float32) / _as_normalizer(normalizer, device)
-    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size))
+    heads = _Heads(student_head, teacher_head, beta, float(temperature), int(chunk_size), _compile_requested(compile))
     want_hidden, params = _grad_targets(student_hidden, student_head)
     loss, *stats = _WeightedDivergenceLoss.apply(student_hidden, teacher_hidden, row_scale, heads, want_hidden, *params)
     return loss, ChunkedDivergence(*stats)
