@@ -8,7 +8,7 @@ from typing import Any
 
 from trl.experimental.gkd import GKDConfig
 
-from .policies import available_policies, check_policy_kwargs, parse_policy_kwargs
+from .policies import available_policies, build_policy_options, parse_policy_kwargs
 
 
 NORMALIZATIONS = ("tokens", "weights")
@@ -152,4 +152,5 @@ class RockOPDConfig(GKDConfig):
                 f"Unknown rock_policy {self.rock_policy!r}. Available policies: {', '.join(available_policies())}. "
                 "Register your own with hf_rockopd.policies.register_policy before creating the config."
             )
-        check_policy_kwargs(self.rock_policy, self.rock_policy_kwargs)
+        # Checked by the policy's options dataclass (the one place policy options are checked), as the checked values.
+        self.rock_policy_kwargs = build_policy_options(self.rock_policy, self.rock_policy_kwargs)
