@@ -4,7 +4,7 @@ Conventions follow TRL's `GKDTrainer.generalized_jsd_loss` exactly (Agarwal et a
 
 - `beta == 0`: forward KL, `KL(teacher ‖ student)`;
 - `beta == 1`: reverse KL, `KL(student ‖ teacher)` (the rock-token paper's on-policy loss);
-- `0 < beta < 1`: `beta · KL(teacher ‖ M) + (1 − beta) · KL(student ‖ M)` with `M = (1 − beta) · student + beta · teacher`.
+- `0 < beta < 1`: `beta · KL(teacher ‖ M) + (1 − beta) · KL(student ‖ M)`, `M = (1 − beta) · student + beta · teacher`.
 
 These take `(N, V)` logits and let autograd differentiate them; they handle `-inf` logits (banned tokens) exactly.
 """
