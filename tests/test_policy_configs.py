@@ -1,4 +1,4 @@
-"""Tests of the built-in policies' typed options (`hf_rockopd.policies.configs`) and of the one place they are checked."""
+"""Tests of the built-in policies' typed options (`hf_rockopd.policies.configs`) and the one place that checks them."""
 
 import dataclasses
 import json
@@ -216,7 +216,7 @@ def test_third_party_policies_may_declare_a_config():
     "config_class, argv, expected",
     [
         (RockOnlineConfig, ["--top_k", "7", "--ema_decay", "0.9"], {"top_k": 7, "ema_decay": 0.9, "weight": 0.0}),
-        (RockFreezeConfig, ["--token_ids", "rocks.json", "--weight", "0.5"], {"token_ids": "rocks.json", "weight": 0.5}),
+        (RockFreezeConfig, ["--token_ids", "r.json", "--weight", "0.5"], {"token_ids": "r.json", "weight": 0.5}),
         (RandomMatchedConfig, ["--rock_set", "rocks.json", "--seed", "3"], {"rock_set": "rocks.json", "seed": 3}),
         (LossQuantileConfig, ["--quantile", "0.8"], {"quantile": 0.8}),
         (EntropyConfig, ["--keep_fraction", "0.3"], {"keep_fraction": 0.3}),
