@@ -35,9 +35,3 @@ __all__ = [
     "per_token_entropy",
     "weighted_loss",
 ]
-
-# The public names are documented (and their examples collected by tests/test_docstrings.py) as
-# `hf_rockopd.losses.<name>`, where users import them from; the submodules are where they are implemented.
-for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name

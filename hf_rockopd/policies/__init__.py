@@ -79,9 +79,3 @@ __all__ = [
     "policy_config_class",
     "register_policy",
 ]
-
-# The public names are documented (and their examples collected by tests/test_docstrings.py) as
-# `hf_rockopd.policies.<name>`, where users import them from; the submodules are where they are implemented.
-for _name in (*__all__, "check_policy_kwargs"):
-    globals()[_name].__module__ = __name__
-del _name

@@ -5,8 +5,8 @@ builds a `RockOnlineConfig`), `get_policy`, and `RockOPDConfig(rock_policy_kwarg
 `build_policy_options`). A bad value raises `ValueError` naming the field and the value. The `help` metadata is what
 `transformers.HfArgumentParser` shows, so a command line can expose a policy's options as flags.
 
-No `from __future__ import annotations` here: `HfArgumentParser` resolves field types with `typing.get_type_hints`,
-which real annotations make independent of the module the class is documented under.
+The annotations are real types (no `from __future__ import annotations`), as `HfArgumentParser` and the command
+line's `--policy.NAME` flags read them with `typing.get_type_hints`.
 """
 
 import math
