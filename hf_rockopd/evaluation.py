@@ -1,4 +1,4 @@
-"""GSM8K evaluation of a student: answer accuracy, held-out on-policy divergence and teacher agreement.
+"""GSM8K evaluation of a student: accuracy, text quality, teacher-forced and on-policy divergence to the teacher.
 
 The student answers held-out problems greedily (`hf_rockopd.rollout.generate_completions`: batched, left-padded, chat
 template, KV cache). Its own completions are then scored (`rollout.score_completions`) the way training scores them: at every completion position, the full-vocabulary divergence
@@ -10,13 +10,26 @@ and the teacher's distributions that predicted the generated token. The results:
   `mean_divergence_non_rock` over the tokens outside a rock set (the ones training does not freeze);
 - `top1_agreement`: share of completion positions where the student's and the teacher's argmax agree.
 
+These three are **on-policy**: measured on text the student wrote. Once a phrase repeats in context the teacher
+predicts the repetition too, so a student that loops ("…20 cookies, 20 cookies…") *lowers* them while its answers get
+worse. Beside them, measures a degenerate student cannot fool:
+
+- `accuracy_low` / `accuracy_high`: the accuracy's 95 % Wilson interval (`quality.accuracy_interval`);
+- `finished_rate`, `loop_rate`, `repeated_ngram_fraction`, `distinct_1`, `distinct_2`: the text itself
+  (`hf_rockopd.quality`): answers that end, completions containing a loop, repeated 4-grams, corpus distinct-n;
+- `teacher_forced_divergence` / `teacher_forced_top1_agreement`: the student scored, with the same divergence, on the
+  teacher's own greedy completions of the same problems (`hf_rockopd.teacher_reference`), text it did not write;
+- `teacher_accuracy` (with its interval): the teacher on the same problems, the ceiling.
+
 Example:
 ```python
 from hf_rockopd.evaluation import evaluate_gsm8k
 from hf_rockopd.gsm8k import load_gsm8k_problems
 
 problems = load_gsm8k_problems("gsm8k/train.jsonl", limit=32, tail=True)  # or "openai/gsm8k", or a Dataset
-result = evaluate_gsm8k(student, tokenizer, problems, teacher=teacher, rock_ids="run/rock_tokens.json")
+reference = load_or_build_teacher_reference("run/teacher_reference.json", teacher, tokenizer, problems)
+result = evaluate_gsm8k(student, tokenizer, problems, teacher=teacher, teacher_reference=reference,
+                        rock_ids="run/rock_tokens.json")
 print(result.table())
 result.save("eval.json")
 ```
@@ -25,10 +38,11 @@ result.save("eval.json")
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -36,8 +50,10 @@ from transformers.utils import logging
 
 from .gsm8k import Problem, extract_numeric_answer, is_correct
 from .modeling import check_same_vocabulary, eos_token_ids, vocab_size
+from .quality import completion_quality, text_quality
 from .rock_set import load_rock_set, validate_token_ids
 from .rollout import generate_completions, pad_token_id, score_completions
+from .teacher_reference import TeacherReference, build_teacher_reference
 
 
 logger = logging.get_logger(__name__)
@@ -56,17 +72,29 @@ class EvalResult:
     Parameters:
         accuracy: share of problems whose extracted final answer equals the gold one.
         num_problems: problems evaluated.
-        mean_divergence: mean per-token divergence of the student's own greedy completions against the teacher over
-            all completion tokens (None without a teacher).
+        mean_divergence: the **on-policy** divergence: mean per-token divergence of the student's own greedy
+            completions against the teacher over all completion tokens (None without a teacher).
         mean_divergence_non_rock: the same over tokens outside the rock set (None without rock ids or teacher).
         rock_token_share: share of completion tokens that are rock ids (None without rock ids).
         top1_agreement: share of completion positions where student and teacher argmax agree (None without teacher).
         num_tokens: completion tokens scored (up to and including each eos).
         mean_completion_length: mean completion length in tokens.
         clipped_ratio: share of completions that hit `max_new_tokens` without an eos.
+        accuracy_low, accuracy_high: the accuracy's 95 % Wilson interval.
+        finished_rate: share of completions that end with a stop id before `max_new_tokens`.
+        loop_rate: share of completions containing a loop (`quality.find_loop`).
+        repeated_ngram_fraction: mean share of a completion's 4-grams that repeat an earlier one.
+        distinct_1, distinct_2: corpus distinct-1 and distinct-2 of the completions.
+        teacher_accuracy, teacher_accuracy_low, teacher_accuracy_high: the teacher's accuracy on the same problems
+            (its greedy completions, `teacher_reference`) and its interval: the ceiling.
+        teacher_forced_divergence: mean per-token divergence of the student on the teacher's own completions, the
+            training divergence on text the student did not write (loops cannot lower it).
+        teacher_forced_top1_agreement: share of those positions where student and teacher argmax agree.
         settings: how it was measured (max_new_tokens, batch_size, beta, temperature, num_rock_ids, seconds, ...).
-        records: per-problem details (gold, prediction, correct, length, divergence, text); kept out of `to_dict()`
-            unless asked for, so run reports stay small.
+        records: per-problem details (gold, prediction, correct, length, finished, loop, divergence on-policy and
+            teacher-forced, text); kept out of `to_dict()` unless asked for, so run reports stay small.
+
+    The fields from `accuracy_low` on are optional (None when not measured, and in reports written before them).
 
     Example:
     ```python
@@ -88,6 +116,18 @@ class EvalResult:
     num_tokens: int
     mean_completion_length: float
     clipped_ratio: float
+    accuracy_low: float | None = None
+    accuracy_high: float | None = None
+    finished_rate: float | None = None
+    loop_rate: float | None = None
+    repeated_ngram_fraction: float | None = None
+    distinct_1: float | None = None
+    distinct_2: float | None = None
+    teacher_accuracy: float | None = None
+    teacher_accuracy_low: float | None = None
+    teacher_accuracy_high: float | None = None
+    teacher_forced_divergence: float | None = None
+    teacher_forced_top1_agreement: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
     # Per completion token, in order: the generated id and its divergence; never serialized, kept so that
@@ -110,7 +150,7 @@ class EvalResult:
             raise ValueError(f"An evaluation result is a JSON object, got {type(data).__name__}.")
         names = [f.name for f in fields(cls)]
         names = [n for n in names if n not in ("token_ids", "token_divergence")]
-        required = [n for n in names if n not in ("settings", "records")]
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [n for n in required if n not in data]
         if missing:
             raise ValueError(f"Not an evaluation result: keys {missing} are missing (got {sorted(data)}).")
@@ -162,36 +202,65 @@ class EvalResult:
         return format_results_table({"value": self})
 
 
+# (label, key, format); a key with `_low`/`_high` siblings shows as `0.375 [0.180, 0.610]`. On-policy rows say so:
+# they are measured on the student's own text, which a looping student games (see the module docstring).
 _TABLE_ROWS = (
-    ("accuracy", "accuracy", "{:.3f}"),
-    ("mean divergence", "mean_divergence", "{:.4f}"),
-    ("mean divergence (non-rock)", "mean_divergence_non_rock", "{:.4f}"),
-    ("rock-token share", "rock_token_share", "{:.3f}"),
-    ("top-1 agreement", "top1_agreement", "{:.3f}"),
+    ("accuracy [95% CI]", "accuracy", "{:.3f}"),
+    ("teacher accuracy (ceiling)", "teacher_accuracy", "{:.3f}"),
+    ("finished rate", "finished_rate", "{:.3f}"),
+    ("clipped ratio", "clipped_ratio", "{:.3f}"),
+    ("loop share", "loop_rate", "{:.3f}"),
+    ("repeated 4-gram fraction", "repeated_ngram_fraction", "{:.3f}"),
+    ("distinct-1", "distinct_1", "{:.3f}"),
+    ("distinct-2", "distinct_2", "{:.3f}"),
+    ("teacher-forced divergence", "teacher_forced_divergence", "{:.4f}"),
+    ("teacher-forced top-1 agreement", "teacher_forced_top1_agreement", "{:.3f}"),
+    ("on-policy mean divergence", "mean_divergence", "{:.4f}"),
+    ("on-policy mean divergence (non-rock)", "mean_divergence_non_rock", "{:.4f}"),
+    ("on-policy rock-token share", "rock_token_share", "{:.3f}"),
+    ("on-policy top-1 agreement", "top1_agreement", "{:.3f}"),
     ("problems", "num_problems", "{:d}"),
     ("completion tokens", "num_tokens", "{:d}"),
     ("mean completion length", "mean_completion_length", "{:.1f}"),
-    ("clipped ratio", "clipped_ratio", "{:.3f}"),
 )
+
+
+def _cell(column: Mapping[str, Any], key: str, fmt: str) -> str:
+    value = column.get(key)
+    if value is None:
+        return "-"
+    text = fmt.format(value)
+    low, high = column.get(f"{key}_low"), column.get(f"{key}_high")
+    return text if low is None or high is None else f"{text} [{fmt.format(low)}, {fmt.format(high)}]"
 
 
 def format_results_table(results: Mapping[str, EvalResult | Mapping[str, Any]]) -> str:
     """A text table with one column per result (e.g. `{"before": r0, "after": r1}`); None shows as `-`.
 
+    Accuracies show with their 95 % interval, `0.375 [0.137, 0.694]`; the divergence of the student's own completions
+    is labelled on-policy, the one on the teacher's completions teacher-forced. A row nobody measured is left out.
+
     Example:
     ```python
-    print(format_results_table({"before": before, "after": after}))
+    >>> from hf_rockopd.evaluation import format_results_table
+    >>> print(format_results_table({"before": {"accuracy": 0.375, "accuracy_low": 0.137, "accuracy_high": 0.694,
+    ...                                        "loop_rate": 0.5}, "after": {"accuracy": 0.5, "loop_rate": 0.0}}))
+    metric                           before  after
+    -----------------  --------------------  -----
+    accuracy [95% CI]  0.375 [0.137, 0.694]  0.500
+    loop share                        0.500  0.000
     ```
     """
     columns = {k: v.to_dict() if isinstance(v, EvalResult) else dict(v) for k, v in results.items()}
     rows = [["metric", *columns]]
     for label, key, fmt in _TABLE_ROWS:
-        rows.append([label, *("-" if c.get(key) is None else fmt.format(c[key]) for c in columns.values())])
+        if all(c.get(key) is None for c in columns.values()):
+            continue
+        rows.append([label, *(_cell(c, key, fmt) for c in columns.values())])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -218,6 +287,26 @@ def _check_problems(problems: Sequence[Problem]) -> None:
             )
 
 
+def _nan_to_none(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)  # NaN: undefined (no completion, no 4-gram); JSON has no NaN
+
+
+def _mean(values: torch.Tensor) -> float | None:
+    return float(values.double().mean()) if len(values) else None
+
+
+def _score(model, teacher, tokenizer, prompts, completions, what: str, **kwargs) -> tuple[list[dict], torch.Tensor]:
+    """`score_completions`, and all completion tokens' divergences in order (checked finite)."""
+    scores = score_completions(model, teacher, prompts, completions, pad_token_id=pad_token_id(tokenizer), **kwargs)
+    divergence = torch.cat([s["divergence"] for s in scores]).double()
+    if not torch.isfinite(divergence).all():
+        raise ValueError(
+            f"The {what} divergence is not finite on some completion tokens; check both models' weights and dtype "
+            "(float16 logits can overflow; use float32)."
+        )
+    return scores, divergence
+
+
 def evaluate_completions(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -226,6 +315,7 @@ def evaluate_completions(
     completion_ids: Sequence[Sequence[int]],
     *,
     teacher: torch.nn.Module | None = None,
+    teacher_reference: TeacherReference | None = None,
     rock_ids: Sequence[int] | str | os.PathLike | None = None,
     max_new_tokens: int = 256,
     batch_size: int = 8,
@@ -233,11 +323,13 @@ def evaluate_completions(
     temperature: float = 1.0,
     show_progress: bool = False,
 ) -> EvalResult:
-    """Evaluate given completions of `problems` (by the student `model`): accuracy, divergence, agreement.
+    """Evaluate given completions of `problems` (by the student `model`): accuracy, quality, divergence, agreement.
 
     `evaluate_gsm8k` calls this on the student's greedy completions; call it directly for completions made elsewhere
     (`rollout.encode_prompts` gives the prompt ids). A completion without eos that has `max_new_tokens` tokens counts as
-    clipped. See `evaluate_gsm8k` for the arguments.
+    clipped. With `teacher_reference` (the teacher's completions of the same problems) the teacher's accuracy is
+    reported and, with `teacher` too, the teacher-forced divergence; no reference is built here. See
+    `evaluate_gsm8k` for the arguments.
 
     Example:
     ```python
@@ -254,6 +346,8 @@ def evaluate_completions(
         )
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
+    if teacher_reference is not None:
+        teacher_reference.check(tokenizer=tokenizer, problems=problems)
     started = time.perf_counter()
     vocab = vocab_size(model)
     rocks = _rock_id_list(rock_ids, vocab)
@@ -264,6 +358,7 @@ def evaluate_completions(
         text = tokenizer.decode(list(completion), skip_special_tokens=True)
         prediction = extract_numeric_answer(text)
         ended = any(int(t) in eos_ids for t in completion)
+        quality = completion_quality(completion, eos_ids, max_new_tokens)
         records.append(
             {
                 "gold": gold,
@@ -271,35 +366,48 @@ def evaluate_completions(
                 "correct": is_correct(prediction, gold),
                 "num_tokens": len(completion),
                 "clipped": not ended and len(completion) >= max_new_tokens,
+                "finished": bool(quality["finished"]),
+                "loop": bool(quality["loop"]),
+                "repeated_ngram_fraction": _nan_to_none(quality["repeated_ngram_fraction"]),
                 "completion": text,
             }
         )
+    quality = text_quality(completion_ids, eos_ids, max_new_tokens, correct=[r["correct"] for r in records])
     lengths = [r["num_tokens"] for r in records]
     num_tokens = sum(lengths)
     token_ids = torch.tensor([int(t) for c in completion_ids for t in c], dtype=torch.long)
     is_rock = torch.isin(token_ids, torch.tensor(rocks, dtype=torch.long)) if rocks is not None else None
 
+    scoring = {"batch_size": batch_size, "beta": beta, "temperature": temperature, "show_progress": show_progress}
     mean_div = mean_div_non_rock = agreement = divergence = None
     if teacher is not None and num_tokens > 0:
-        scores = score_completions(
-            model, teacher, prompt_ids, completion_ids, pad_token_id=pad_token_id(tokenizer), batch_size=batch_size,
-            beta=beta, temperature=temperature, show_progress=show_progress,
-        )
-        divergence = torch.cat([s["divergence"] for s in scores]).double()
-        agree = torch.cat([s["agree"] for s in scores])
-        if not torch.isfinite(divergence).all():
-            raise ValueError(
-                "The student-teacher divergence is not finite on some completion tokens; check both models' weights "
-                "and dtype (float16 logits can overflow; use float32)."
-            )
-        mean_div, agreement = float(divergence.mean()), float(agree.double().mean())
+        scores, divergence = _score(model, teacher, tokenizer, prompt_ids, completion_ids, "on-policy", **scoring)
+        mean_div, agreement = float(divergence.mean()), _mean(torch.cat([s["agree"] for s in scores]))
         for record, score in zip(records, scores):
-            record["mean_divergence"] = float(score["divergence"].double().mean()) if len(score["divergence"]) else None
+            record["mean_divergence"] = _mean(score["divergence"])
         if is_rock is not None and (~is_rock).any():
             mean_div_non_rock = float(divergence[~is_rock].mean())
     elif teacher is not None:
         logger.warning("Every completion is empty: no token to score against the teacher.")
 
+    teacher_accuracy = teacher_forced = teacher_agreement = None
+    if teacher_reference is not None:
+        teacher_accuracy = teacher_reference.accuracy()
+        for record, flag in zip(records, teacher_reference.correct):
+            record["teacher_correct"] = bool(flag)
+        if teacher is not None:
+            # The student on the teacher's own completions: text it did not write, which a loop cannot game.
+            forced, forced_divergence = _score(
+                model, teacher, tokenizer, teacher_reference.prompt_ids, teacher_reference.completion_ids,
+                "teacher-forced", **scoring,
+            )
+            teacher_forced = _mean(forced_divergence)
+            teacher_agreement = _mean(torch.cat([s["agree"] for s in forced]))
+            for record, score in zip(records, forced):
+                record["teacher_forced_divergence"] = _mean(score["divergence"])
+                record["teacher_forced_top1_agreement"] = _mean(score["agree"])
+
+    accuracy = quality.accuracy
     result = EvalResult(
         accuracy=sum(r["correct"] for r in records) / len(records),
         num_problems=len(records),
@@ -310,6 +418,18 @@ def evaluate_completions(
         num_tokens=num_tokens,
         mean_completion_length=num_tokens / len(records),
         clipped_ratio=sum(r["clipped"] for r in records) / len(records),
+        accuracy_low=accuracy.low,
+        accuracy_high=accuracy.high,
+        finished_rate=_nan_to_none(quality.finished_rate),
+        loop_rate=_nan_to_none(quality.loop_rate),
+        repeated_ngram_fraction=_nan_to_none(quality.repeated_ngram_fraction),
+        distinct_1=_nan_to_none(quality.distinct_1),
+        distinct_2=_nan_to_none(quality.distinct_2),
+        teacher_accuracy=None if teacher_accuracy is None else teacher_accuracy.estimate,
+        teacher_accuracy_low=None if teacher_accuracy is None else teacher_accuracy.low,
+        teacher_accuracy_high=None if teacher_accuracy is None else teacher_accuracy.high,
+        teacher_forced_divergence=teacher_forced,
+        teacher_forced_top1_agreement=teacher_agreement,
         settings={
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
@@ -318,6 +438,7 @@ def evaluate_completions(
             "num_rock_ids": len(rocks) if rocks is not None else 0,
             "teacher": teacher is not None,
             "decoding": "greedy",
+            "teacher_reference": None if teacher_reference is None else teacher_reference.fingerprint(),
             "scoring_seconds": round(time.perf_counter() - started, 3),
         },
         records=records,
@@ -333,6 +454,7 @@ def evaluate_gsm8k(
     problems: Sequence[Problem],
     *,
     teacher: torch.nn.Module | None = None,
+    teacher_reference: TeacherReference | str | os.PathLike | None = None,
     rock_ids: Sequence[int] | str | os.PathLike | None = None,
     max_new_tokens: int = 256,
     batch_size: int = 8,
@@ -340,16 +462,22 @@ def evaluate_gsm8k(
     temperature: float = 1.0,
     show_progress: bool = True,
 ) -> EvalResult:
-    """Evaluate a student on GSM8K-style problems: accuracy, held-out on-policy divergence, teacher agreement.
+    """Evaluate a student on GSM8K-style problems: accuracy, text quality, teacher-forced and on-policy divergence.
 
     The student answers every problem greedily (batched, left-padded, chat template, KV cache); its completions are
-    then scored against the teacher with the training divergence (`beta`, `temperature`: use the training run's).
+    then scored against the teacher with the training divergence (`beta`, `temperature`: use the training run's):
+    the on-policy divergence. The student is also scored on the teacher's own greedy completions of the same problems
+    (`teacher_reference`): the teacher-forced divergence, which a looping student cannot lower.
 
     Args:
         model: the student.
         tokenizer: its tokenizer (shared with the teacher); its chat template formats the questions.
         problems: `(messages, gold)` pairs (`load_gsm8k_problems`).
-        teacher: the teacher; without one only accuracy and lengths are measured.
+        teacher: the teacher; without one only accuracy, text quality and lengths are measured.
+        teacher_reference: the teacher's completions of `problems` (`teacher_reference.TeacherReference`, or the path
+            of its JSON file), made with this tokenizer and `max_new_tokens` (else a `ValueError`). With a teacher and
+            none given, one is built here; to compare evaluations (before and after training) build one
+            (`load_or_build_teacher_reference`) and give it to each.
         rock_ids: a rock set, as ids or a `rock_tokens.json` / `rock_set.json` path (checked against the student's
             vocabulary), for `mean_divergence_non_rock` and `rock_token_share`.
         max_new_tokens: the longest completion; longer answers are cut and counted in `clipped_ratio`.
@@ -364,26 +492,40 @@ def evaluate_gsm8k(
     ```python
     result = evaluate_gsm8k(student, tokenizer, load_gsm8k_problems("gsm8k.jsonl", limit=32, tail=True),
                             teacher=teacher, rock_ids="run/rock_tokens.json", max_new_tokens=256)
-    print(result.accuracy, result.mean_divergence, result.top1_agreement)
+    print(result.accuracy, result.teacher_forced_divergence, result.loop_rate, result.mean_divergence)
     ```
     """
     _check_problems(problems)
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
-    # Bad rock sets and vocabularies fail here, before minutes of generation.
+    # Bad rock sets, vocabularies and references fail here, before minutes of generation.
     _rock_id_list(rock_ids, vocab_size(model))
     if teacher is not None:
         check_same_vocabulary(model, teacher)
+    if isinstance(teacher_reference, (str, os.PathLike)):
+        teacher_reference = TeacherReference.load(teacher_reference)
+    if teacher_reference is not None:
+        teacher_reference.check(tokenizer=tokenizer, problems=problems, max_new_tokens=max_new_tokens, teacher=teacher)
     started = time.perf_counter()
+    teacher_seconds = None
+    if teacher is not None and teacher_reference is None:
+        teacher_reference = build_teacher_reference(
+            teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            show_progress=show_progress,
+        )
+        teacher_seconds = time.perf_counter() - started
+    generation_started = time.perf_counter()
     prompts, completions = generate_completions(
         model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
     )
-    generation_seconds = time.perf_counter() - started
+    generation_seconds = time.perf_counter() - generation_started
     result = evaluate_completions(
-        model, tokenizer, problems, prompts, completions, teacher=teacher, rock_ids=rock_ids,
-        max_new_tokens=max_new_tokens, batch_size=batch_size, beta=beta, temperature=temperature,
+        model, tokenizer, problems, prompts, completions, teacher=teacher, teacher_reference=teacher_reference,
+        rock_ids=rock_ids, max_new_tokens=max_new_tokens, batch_size=batch_size, beta=beta, temperature=temperature,
         show_progress=show_progress,
     )
     result.settings["generation_seconds"] = round(generation_seconds, 3)
+    if teacher_seconds is not None:
+        result.settings["teacher_generation_seconds"] = round(teacher_seconds, 3)
     result.settings["wall_seconds"] = round(time.perf_counter() - started, 3)
     return result

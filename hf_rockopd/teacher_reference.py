@@ -188,6 +188,10 @@ class TeacherReference:
         """The settings a cached file must match to be reused."""
         return {name: getattr(self, name) for name in _KEY_FIELDS}
 
+    def fingerprint(self) -> str:
+        """A short id of `key()`: two evaluations showing the same one used the same reference."""
+        return _sha256(self.key())[:12]
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict (the file's content)."""
         return asdict(self)
