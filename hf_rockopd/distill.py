@@ -342,7 +342,27 @@ def _quantization_config(model_args: StudentModelConfig):
 
 
 # -------------------------------------------------------------------------------------------------- evaluation ----
-def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
+def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
+    """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
+    "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
+    from .teacher_reference import (
+        TEACHER_REFERENCE_NAME,
+        load_or_build_teacher_reference,
+    )
+
+    return load_or_build_teacher_reference(
+        os.path.join(args.output_dir, TEACHER_REFERENCE_NAME),
+        teacher,
+        tokenizer,
+        problems,
+        teacher_name=script.teacher,
+        max_new_tokens=script.eval_max_new_tokens,
+        batch_size=script.eval_batch_size,
+        show_progress=True,
+    )
+
+
+def _evaluate(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
     from .evaluation import evaluate_gsm8k
 
     return evaluate_gsm8k(
@@ -350,6 +370,7 @@ def _evaluate(model, teacher, tokenizer, problems, script: DistillArguments, arg
         tokenizer,
         problems,
         teacher=teacher,
+        teacher_reference=reference,
         max_new_tokens=script.eval_max_new_tokens,
         batch_size=script.eval_batch_size,
         beta=args.beta,
@@ -366,10 +387,13 @@ def run_distillation(
 ) -> DistillResult:
     """Run rock-token-aware OPD end to end and write the student, `run_report.json` and the model card.
 
-    Steps: resolve the teacher, build the (pruned; with `model_args`, LoRA or 4-bit) student, split the data into training prompts and
-    held-out problems, evaluate the student (GSM8K accuracy, on-policy divergence to the teacher, top-1 agreement),
-    train with [`RockOPDTrainer`], evaluate again (non-rock divergence with the rock set found), save the student
-    (full model or adapter) and tokenizer to `args.output_dir`, write `run_report.json` and render the model card.
+    Steps: resolve the teacher, build the (pruned; with `model_args`, LoRA or 4-bit) student, split the data into
+    training prompts and held-out problems, generate the teacher's reference answers to them once
+    (`teacher_reference.json` in the output directory), evaluate the student (accuracy with its interval and the
+    teacher's, finished rate, loops, the teacher-forced divergence on the teacher's answers, the on-policy divergence
+    on its own), train with [`RockOPDTrainer`], evaluate again on the same reference (non-rock divergence with the rock
+    set found), save the student (full model or adapter) and tokenizer to `args.output_dir`, write `run_report.json`
+    and render the model card.
 
     Example:
     ```python
@@ -402,10 +426,12 @@ def run_distillation(
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
         check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
         problems = None if script.skip_eval else load_gsm8k_problems(held_out)
-        before = after = None
+        before = after = reference = None
         if problems:
+            logger.warning(f"The teacher's reference completions of {len(problems)} held-out problems.")
+            reference = _teacher_reference(teacher.model, tokenizer, problems, script, args)
             logger.warning(f"Evaluating the student before training on {len(problems)} held-out problems.")
-            before = _evaluate(student, teacher.model, tokenizer, problems, script, args)
+            before = _evaluate(student, teacher.model, tokenizer, problems, reference, script, args)
 
         trainer = RockOPDTrainer(
             model=student,
@@ -423,7 +449,7 @@ def run_distillation(
         if problems:
             logger.warning(f"Evaluating the student after training ({len(rock_ids)} rock ids).")
             model = trainer.accelerator.unwrap_model(trainer.model)
-            after = _evaluate(model, teacher.model, tokenizer, problems, script, args)
+            after = _evaluate(model, teacher.model, tokenizer, problems, reference, script, args)
 
         trainer.save_model(args.output_dir)  # also writes rock_tokens.json
         tokenizer.save_pretrained(args.output_dir)

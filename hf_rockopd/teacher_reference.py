@@ -177,7 +177,8 @@ class TeacherReference:
         if not len(self.completion_ids) == len(self.predictions) == len(self.correct) == n:
             raise ValueError(
                 f"A teacher reference needs one completion, prediction and flag per prompt; got {n} prompts, "
-                f"{len(self.completion_ids)} completions, {len(self.predictions)} predictions, {len(self.correct)} flags."
+                f"{len(self.completion_ids)} completions, {len(self.predictions)} predictions, "
+                f"{len(self.correct)} flags."
             )
 
     def accuracy(self, confidence: float = 0.95) -> Proportion:

@@ -1,4 +1,5 @@
-"""`hf-rockopd eval`: GSM8K accuracy, held-out divergence to the teacher and top-1 agreement of a saved model."""
+"""`hf-rockopd eval`: GSM8K accuracy (with its interval and the teacher's as the ceiling), text quality (finished
+answers, loops, repetition), the teacher-forced divergence on the teacher's own completions and the on-policy one."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ class EvalArguments:
     answer_field: str = field(default="answer", metadata={"help": "GSM8K solution ending in '#### <number>'."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate N problems."})
     tail: bool = field(default=False, metadata={"help": "Take the last N problems (held out from training)."})
+    teacher_reference: str | None = field(
+        default=None,
+        metadata={"help": "JSON cache of the teacher's completions: reused when made with the same teacher, "
+                  "tokenizer, problems and max_new_tokens, else generated again and written there."},
+    )
     rock_set: str | None = field(
         default=None, metadata={"help": "rock_tokens.json / rock_set.json for the non-rock divergence."}
     )
@@ -56,6 +62,7 @@ class EvalArguments:
 def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     """Run `eval`: print the results table, and write it to `--out`."""
     from ..evaluation import evaluate_gsm8k
+    from ..teacher_reference import load_or_build_teacher_reference
 
     problems = load_problems(
         args.problems, limit=args.limit, tail=args.tail, split=args.split,
@@ -64,12 +71,19 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)
     teacher = load_model(args.teacher, loading) if args.teacher else None
+    reference = args.teacher_reference
+    if teacher is not None:
+        # Made once per problem set and teacher; another checkpoint's evaluation reuses the file.
+        reference = load_or_build_teacher_reference(
+            args.teacher_reference, teacher, tokenizer, problems, teacher_name=args.teacher,
+            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, show_progress=True,
+        )
     result = evaluate_gsm8k(
-        model, tokenizer, problems, teacher=teacher, rock_ids=args.rock_set, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
+        model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=args.rock_set,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
     )
     result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
-                           rock_set=args.rock_set)
+                           rock_set=args.rock_set, teacher_reference_file=args.teacher_reference)
     print(result.table())
     if args.out:
         result.save(args.out, include_records=args.records)
@@ -78,6 +92,6 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
 
 
 COMMANDS = (
-    Command("eval", "GSM8K accuracy, held-out divergence to the teacher, top-1 agreement",
+    Command("eval", "GSM8K accuracy, answer quality, teacher-forced and on-policy divergence to the teacher",
             (EvalArguments, LoadingArguments), evaluate),
 )
