@@ -219,11 +219,21 @@ def test_eval_result_round_trip_and_table(tmp_path, tokenizer, student, teacher)
     prompts, completions = _crafted(tokenizer)
     result = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, teacher=teacher, rock_ids=[32])
     data = result.to_dict()
-    assert set(data) == {
+    old_keys = {
         "accuracy", "num_problems", "mean_divergence", "mean_divergence_non_rock", "rock_token_share",
         "top1_agreement", "num_tokens", "mean_completion_length", "clipped_ratio", "settings",
     }
+    quality_keys = {
+        "accuracy_low", "accuracy_high", "finished_rate", "loop_rate", "repeated_ngram_fraction", "distinct_1",
+        "distinct_2", "teacher_accuracy", "teacher_accuracy_low", "teacher_accuracy_high", "teacher_forced_divergence",
+        "teacher_forced_top1_agreement",
+    }
+    assert set(data) == old_keys | quality_keys
     assert EvalResult.from_dict(json.loads(json.dumps(data))) == result
+    # A report written before the quality metrics still loads; they read back as not measured.
+    old = EvalResult.from_dict({k: v for k, v in data.items() if k in old_keys})
+    assert old.accuracy == result.accuracy and all(getattr(old, k) is None for k in quality_keys)
+    assert "loop share" not in format_results_table({"old": old}) and "accuracy [95% CI]" in old.table()
     saved = EvalResult.load(result.save(tmp_path / "e.json", include_records=True))
     assert saved == result and len(saved.records) == 4
     table = format_results_table({"before": result, "after": data})
@@ -289,3 +299,18 @@ def test_with_rock_ids_fills_in_the_rock_figures_without_scoring_again(tokenizer
     assert later.mean_divergence == with_rocks.mean_divergence
     with pytest.raises(ValueError, match="read from JSON"):
         EvalResult.from_dict(later.to_dict()).with_rock_ids(rocks)
+
+
+def test_quality_metrics_and_per_problem_records(tokenizer, student, teacher):
+    prompts, completions = _crafted(tokenizer)
+    completions[3] = tokenizer("20 cookies, " * 4)["input_ids"]  # a loop, no eos
+    result = evaluate_completions(student, tokenizer, PROBLEMS, prompts, completions, max_new_tokens=48)
+    assert (result.accuracy_low, result.accuracy_high) == pytest.approx((0.15003, 0.84997), abs=1e-4)  # Wilson 2/4
+    assert result.finished_rate == 0.75 and result.loop_rate == 0.25
+    assert [r["finished"] for r in result.records] == [True, True, True, False]
+    assert [r["loop"] for r in result.records] == [False, False, False, True]
+    assert result.records[3]["repeated_ngram_fraction"] > 0.5 and 0 < result.distinct_1 < result.distinct_2 <= 1
+    # Without a teacher or a reference: no ceiling, no teacher-forced divergence; a table row for each measured one.
+    assert result.teacher_accuracy is None and result.teacher_forced_divergence is None
+    assert "teacher" not in result.table() and "0.500 [0.150, 0.850]" in result.table()
+    assert result.to_dict()["finished_rate"] == 0.75 and json.dumps(result.to_dict(include_records=True))

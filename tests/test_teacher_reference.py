@@ -107,3 +107,28 @@ def test_evaluation_uses_the_reference_and_refuses_a_mismatched_one(tmp_path, to
     alone = evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher_reference=reference, max_new_tokens=5,
                            show_progress=False)
     assert alone.teacher_accuracy == reference.accuracy().estimate and alone.teacher_forced_divergence is None
+
+
+def test_cli_eval_caches_the_reference_and_shows_the_quality_table(tmp_path, tokenizer, student, teacher, generations,
+                                                                   capsys):
+    from hf_rockopd.cli import main
+
+    student.save_pretrained(tmp_path / "student")
+    tokenizer.save_pretrained(tmp_path / "student")
+    teacher.save_pretrained(tmp_path / "teacher")
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"} for i in range(3)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache" / TEACHER_REFERENCE_NAME
+    argv = ["eval", "--model", str(tmp_path / "student"), "--teacher", str(tmp_path / "teacher"), "--problems",
+            str(tmp_path / "p.jsonl"), "--max_new_tokens", "5", "--teacher_reference", str(cache)]
+    assert main([*argv, "--out", str(tmp_path / "a.json")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "b.json")]) == 0
+    assert len(generations) == 1 and cache.is_file()  # the second evaluation reused the teacher's completions
+    printed = capsys.readouterr().out
+    for label in ("accuracy [95% CI]", "teacher accuracy (ceiling)", "finished rate", "loop share",
+                  "teacher-forced divergence", "on-policy mean divergence"):
+        assert label in printed
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["teacher_forced_divergence"] == pytest.approx(b["teacher_forced_divergence"], abs=1e-9)
+    assert a["settings"]["teacher_reference"] == b["settings"]["teacher_reference"]
+    assert a["settings"]["teacher_reference_file"] == str(cache)
