@@ -86,7 +86,8 @@ def test_the_crafted_models_do_what_they_are_built_for(tokenizer, models):
 def test_a_looping_student_fools_the_on_policy_divergence_but_not_the_quality_metrics(tokenizer, models):
     teacher, sane, looping = models
     reference = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
-    kwargs = dict(teacher=teacher, teacher_reference=reference, max_new_tokens=MAX_NEW_TOKENS, show_progress=False)
+    kwargs = {"teacher": teacher, "teacher_reference": reference, "max_new_tokens": MAX_NEW_TOKENS,
+              "show_progress": False}
     good = evaluate_gsm8k(sane, tokenizer, PROBLEMS, **kwargs)
     bad = evaluate_gsm8k(looping, tokenizer, PROBLEMS, **kwargs)
 
@@ -110,3 +111,36 @@ def test_a_looping_student_fools_the_on_policy_divergence_but_not_the_quality_me
     table = EvalResult.table(bad)
     assert "on-policy mean divergence" in table and "teacher-forced divergence" in table
     assert "loop share" in table and "1.000 [0.439, 1.000]" in table  # the teacher's 3/3 with its Wilson interval
+
+
+def test_distill_scores_before_and_after_on_one_teacher_reference(tmp_path, tokenizer, monkeypatch):
+    import json
+
+    from hf_rockopd import RockOPDConfig, teacher_reference
+    from hf_rockopd.distill import DistillArguments, run_distillation
+    from hf_rockopd.evaluation import format_results_table
+
+    calls = []
+    real = teacher_reference.generate_completions
+    monkeypatch.setattr(teacher_reference, "generate_completions", lambda *a, **k: calls.append(1) or real(*a, **k))
+    teacher = build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    rows = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"#### {i + 2}"} for i in range(12)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = DistillArguments(teacher=str(tmp_path / "teacher"), student_num_layers=2, dataset=str(tmp_path / "p.jsonl"),
+                              num_train_prompts=4, num_eval_problems=3, eval_max_new_tokens=6, eval_batch_size=3)
+    args = RockOPDConfig(output_dir=str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=2,
+                         max_new_tokens=6, learning_rate=1e-3, save_strategy="no", report_to="none",
+                         rock_policy="uniform")
+    report = run_distillation(script, args).report
+    before, after = report["eval"]["before"], report["eval"]["after"]
+    assert len(calls) == 1 and (tmp_path / "run" / teacher_reference.TEACHER_REFERENCE_NAME).is_file()
+    assert before["settings"]["teacher_reference"] == after["settings"]["teacher_reference"] is not None
+    assert before["teacher_accuracy"] == after["teacher_accuracy"] is not None
+    for phase in (before, after):
+        assert phase["teacher_forced_divergence"] > 0 and phase["mean_divergence"] > 0
+        assert phase["accuracy_low"] <= phase["accuracy"] <= phase["accuracy_high"]
+        assert 0 <= phase["loop_rate"] <= 1 and 0 <= phase["finished_rate"] <= 1
+    table = format_results_table({"before": before, "after": after})  # as `hf-rockopd distill` prints it
+    assert "teacher accuracy (ceiling)" in table and "teacher-forced divergence" in table and "on-policy" in table

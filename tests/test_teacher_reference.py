@@ -49,7 +49,8 @@ def test_written_once_then_reused(tmp_path, tokenizer, teacher, generations):
 @pytest.mark.parametrize("change", ["max_new_tokens", "problems", "teacher_weights", "teacher_name", "tokenizer"])
 def test_other_settings_are_regenerated_or_refused(tmp_path, tokenizer, teacher, generations, change):
     path = tmp_path / TEACHER_REFERENCE_NAME
-    settings = dict(teacher=teacher, tokenizer=tokenizer, problems=PROBLEMS, teacher_name="t", max_new_tokens=5)
+    settings = {"teacher": teacher, "tokenizer": tokenizer, "problems": PROBLEMS, "teacher_name": "t",
+                "max_new_tokens": 5}
     load_or_build_teacher_reference(path, **settings)
     other = dict(settings)
     if change == "max_new_tokens":
@@ -86,7 +87,7 @@ def test_unreadable_cache_is_regenerated(tmp_path, tokenizer, teacher, generatio
 def test_evaluation_uses_the_reference_and_refuses_a_mismatched_one(tmp_path, tokenizer, student, teacher, generations):
     reference = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=5)
     path = reference.save(tmp_path / TEACHER_REFERENCE_NAME)
-    kwargs = dict(teacher=teacher, max_new_tokens=5, show_progress=False)
+    kwargs = {"teacher": teacher, "max_new_tokens": 5, "show_progress": False}
     given = evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher_reference=reference, **kwargs)
     from_file = evaluate_gsm8k(student, tokenizer, PROBLEMS, teacher_reference=path, **kwargs)
     assert len(generations) == 1  # neither evaluation generated the teacher's completions again
