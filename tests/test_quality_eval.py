@@ -126,10 +126,12 @@ def test_distill_scores_before_and_after_on_one_teacher_reference(tmp_path, toke
     teacher = build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1)
     teacher.save_pretrained(tmp_path / "teacher")
     tokenizer.save_pretrained(tmp_path / "teacher")
-    rows = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"#### {i + 2}"} for i in range(12)]
+    rows = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"#### {i + 2}"}
+            for i in range(12)]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script = DistillArguments(teacher=str(tmp_path / "teacher"), student_num_layers=2, dataset=str(tmp_path / "p.jsonl"),
-                              num_train_prompts=4, num_eval_problems=3, eval_max_new_tokens=6, eval_batch_size=3)
+    script = DistillArguments(teacher=str(tmp_path / "teacher"), student_num_layers=2,
+                              dataset=str(tmp_path / "p.jsonl"), num_train_prompts=4, num_eval_problems=3,
+                              eval_max_new_tokens=6, eval_batch_size=3)
     args = RockOPDConfig(output_dir=str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=2,
                          max_new_tokens=6, learning_rate=1e-3, save_strategy="no", report_to="none",
                          rock_policy="uniform")

@@ -40,7 +40,8 @@ def test_written_once_then_reused(tmp_path, tokenizer, teacher, generations):
     assert path.is_file() and generations == [5]
     data = json.loads(path.read_text())
     assert data["teacher"] == "t" and data["max_new_tokens"] == 5 and len(data["completion_ids"]) == 3
-    assert {"tokenizer_fingerprint", "problems_fingerprint", "teacher_fingerprint", "prompt_ids", "correct"} <= set(data)
+    keys = {"tokenizer_fingerprint", "problems_fingerprint", "teacher_fingerprint", "prompt_ids", "correct"}
+    assert keys <= set(data)
     again = load_or_build_teacher_reference(path, teacher, tokenizer, PROBLEMS, teacher_name="t", max_new_tokens=5)
     assert again == first and generations == [5]  # read back, not generated again
     assert TeacherReference.load(path) == first and first.accuracy().trials == 3
