@@ -295,3 +295,95 @@ def _json_default(obj: Any) -> Any:
     if torch.is_tensor(obj):
         return obj.tolist()
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+# ------------------------------------------------------------------------------------------- rock_tokens.json ----
+# A trainer's final rock set, decoded, in the format above: written to its output directory and to every checkpoint,
+# read back by the model card. This block is the one owner of that file's name and of the decoding of its rows.
+ROCK_TOKENS_NAME = "rock_tokens.json"
+__all__ += ["ROCK_TOKENS_NAME", "decode_rock_rows", "load_rock_tokens", "write_rock_tokens"]
+_ROCK_TOKENS_HINT = "RockOPDTrainer writes it to its output directory at the end of train() (write_rock_tokens)."
+
+
+def decode_rock_rows(rows: Sequence[dict[str, Any]], tokenizer: Any | None) -> list[dict[str, Any]]:
+    """Copies of a policy's `rock_table()` rows with a `token` field: the id decoded (`None` without a tokenizer).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import build_tiny_tokenizer
+    >>> from hf_rockopd.rock_set import decode_rock_rows
+    >>> decode_rock_rows([{"token_id": 32, "count": 3}], build_tiny_tokenizer())
+    [{'token_id': 32, 'count': 3, 'token': 'A'}]
+    ```
+    """
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+    return [{**row, "token": tokenizer.decode([row["token_id"]]) if tokenizer is not None else None} for row in rows]
+
+
+def write_rock_tokens(
+    directory: str | os.PathLike,
+    rows: Sequence[dict[str, Any]],
+    vocab_size: int,
+    tokenizer: Any | None = None,
+    **metadata: Any,
+) -> str:
+    """Write `rows` (a policy's `rock_table()`), decoded with `tokenizer`, to `directory/rock_tokens.json`.
+
+    `metadata` (the policy's name and options, the step) is stored beside the rows. Returns the file's path.
+
+    Example:
+    ```python
+    >>> import tempfile
+    >>> from hf_rockopd.models import build_tiny_tokenizer
+    >>> from hf_rockopd.rock_set import load_rock_tokens, write_rock_tokens
+    >>> run = tempfile.mkdtemp()
+    >>> path = write_rock_tokens(run, [{"token_id": 32}], vocab_size=259, tokenizer=build_tiny_tokenizer(), step=3)
+    >>> load_rock_tokens(run)["tokens"]
+    [{'token_id': 32, 'token': 'A'}]
+    ```
+    """
+    os.makedirs(directory, exist_ok=True)
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    path = os.path.join(os.fspath(directory), ROCK_TOKENS_NAME)
+    save_rock_set(
+        path,
+        decode_rock_rows(rows, tokenizer),
+        vocab_size=vocab_size,
+        tokenizer_name=getattr(tokenizer, "name_or_path", None),
+        **metadata,
+    )
+    return path
+
+
+def load_rock_tokens(directory: str | os.PathLike) -> dict[str, Any]:
+    """Read `directory/rock_tokens.json` as a trainer wrote it (an empty `tokens` list when nothing was frozen).
+
+    Unlike [`load_rock_set`] this accepts an empty set, and a bare `token_ids` file gains `tokens` rows. Raises
+    `FileNotFoundError` when the file is missing and `ValueError` when it is not JSON or not a rock-set object.
+
+    Example:
+    ```python
+    >>> import tempfile
+    >>> from hf_rockopd.rock_set import load_rock_tokens, write_rock_tokens
+    >>> run = tempfile.mkdtemp()
+    >>> _ = write_rock_tokens(run, [], vocab_size=259, policy="uniform")
+    >>> load_rock_tokens(run)["tokens"], load_rock_tokens(run)["policy"]
+    ([], 'uniform')
+    ```
+    """
+    path = os.path.join(os.fspath(directory), ROCK_TOKENS_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist: {_ROCK_TOKENS_HINT}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}). {_ROCK_TOKENS_HINT}") from err
+    if not isinstance(data, dict) or not isinstance(data.get("tokens", data.get("token_ids")), list):
+        raise ValueError(
+            f"{path} is not a rock-set file: expected a JSON object with a 'tokens' list, as written by "
+            "RockOPDTrainer.write_rock_tokens."
+        )
+    if "tokens" not in data:
+        data["tokens"] = [{"token_id": int(i)} for i in data["token_ids"]]
+    return data
