@@ -10,7 +10,7 @@ from huggingface_hub import ModelCard
 
 from hf_rockopd import RockOPDTrainer
 from hf_rockopd.cli import main
-from hf_rockopd.model_card import (
+from hf_rockopd.publishing import (
     CARD_TAGS,
     EVAL_FIELDS,
     RunReportError,
@@ -475,6 +475,6 @@ def test_wheel_ships_the_model_card_template(tmp_path):
     )
     (wheel,) = (tmp_path / "dist").glob("hf_rockopd-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = archive.read("hf_rockopd/model_card.md.j2").decode()
-    assert shipped == (root / "hf_rockopd" / "model_card.md.j2").read_text()
+        shipped = archive.read("hf_rockopd/publishing/model_card.md.j2").decode()
+    assert shipped == (root / "hf_rockopd" / "publishing" / "model_card.md.j2").read_text()
     assert "{{" in shipped

@@ -34,7 +34,7 @@ class CardArguments:
 
 def card(args: CardArguments) -> int:
     """Run `card`: write the model card and print its path."""
-    from ..model_card import write_model_card
+    from ..publishing.model_card import write_model_card
 
     print(f"wrote {write_model_card(args.run_dir, out=args.out, model_id=args.model_id)}")
     return 0
