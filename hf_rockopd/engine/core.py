@@ -1,0 +1,391 @@
+"""`RockTokenEngine`: everything a trainer does around its loss to train with token weights, in one component.
+
+A trainer base (TRL's `GKDTrainer` for `RockOPDTrainer`, `DistillationTrainer` next) keeps its own generation, data
+and training loop, builds one engine after its models are prepared, and hands it each micro-batch:
+
+- set-up: the policy is built from the config (or given) before any model loads ([`build_policy`]); the engine checks
+  that student and teacher share a vocabulary, that a rock-set file matches the tokenizer and that both models stop
+  on the same ids, and sets the policy up for the vocabulary;
+- the loss: [`RockTokenEngine.plan`] weights the positions and picks the rows to project,
+  [`RockTokenEngine.project_causal_lm`] (or [`~hf_rockopd.engine.weighting.project_rows`] on hidden states a trainer
+  computed itself) runs the heads on those rows only, [`RockTokenEngine.finish`] normalizes, updates the policy and
+  logs `rock/*`; [`RockTokenEngine.compute_loss`] chains the three;
+- [`RockTokenEngine.count_completions`]: the accumulation step's global token count (the `"tokens"` normalizer) and
+  the `completions/*` metrics, in one gather;
+- files: the policy state in checkpoints and `rock_tokens.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from collections.abc import MutableMapping, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+from transformers.utils import logging
+from trl.models.utils import _ForwardRedirection
+
+from ..losses import weighted_loss
+from ..modeling import backbone, check_same_vocabulary
+from ..policies import TokenBatch, TokenPolicy, get_policy
+from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
+from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums
+from .state import load_policy_state, save_policy_state
+from .weighting import (
+    LossPlan,
+    Projection,
+    check_finite,
+    checked_weights,
+    fill_scores,
+    normalizer,
+    probe_rows,
+    project_rows,
+)
+
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["RockArguments", "RockTokenEngine", "build_policy", "check_supported_setup"]
+
+
+class RockArguments(Protocol):
+    """The fields of a trainer config the engine reads (all of them are in [`~hf_rockopd.trainers.RockOPDConfig`])."""
+
+    beta: float
+    seed: int
+    loss_temperature: float
+    loss_chunk_size: int
+    rock_normalization: str
+    rock_probe_fraction: float
+    rock_policy: str
+    rock_policy_kwargs: dict[str, Any] | None
+    rock_policy_reset_on_resume: bool
+
+
+def build_policy(rock_policy: TokenPolicy | str | None, args: RockArguments) -> TokenPolicy:
+    """The trainer's policy: `rock_policy` itself, or the registered name (`args.rock_policy` when `None`) built with
+    `args.rock_policy_kwargs`. Build it before loading models, so a bad name or option fails in seconds.
+
+    Example:
+    ```python
+    >>> from types import SimpleNamespace
+    >>> from hf_rockopd.engine import build_policy
+    >>> build_policy(None, SimpleNamespace(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": [3]})).name
+    'rock_freeze'
+    ```
+    """
+    if isinstance(rock_policy, TokenPolicy):
+        return rock_policy
+    if rock_policy is not None and not isinstance(rock_policy, str):
+        raise TypeError(f"rock_policy must be a TokenPolicy or a registered name, got {type(rock_policy).__name__}.")
+    return get_policy(rock_policy or args.rock_policy, **(args.rock_policy_kwargs or {}))
+
+
+def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> None:
+    """Refuse process set-ups in which the loss would be wrong or each process would train on its own.
+
+    Example:
+    ```python
+    >>> from types import SimpleNamespace
+    >>> from hf_rockopd.engine import check_supported_setup
+    >>> check_supported_setup(SimpleNamespace(fsdp="", world_size=1))  # one process, no FSDP: fine
+    ```
+    """
+    fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if fsdp:
+        # Output heads are called outside the wrapped forward (only the weighted rows are projected), which FSDP's
+        # sharded parameters do not allow, and GKDTrainer leaves the teacher unsharded (TRL issue 2580).
+        raise ValueError(
+            f"{trainer_name} does not support FSDP yet. Supported: a single process (GPU or CPU, LoRA and 4-bit "
+            "students included) and DDP (`accelerate launch --multi_gpu`, or torchrun; on CPU-only machines set "
+            "use_cpu=True for gloo). DeepSpeed goes through GKDTrainer's teacher preparation but has not been run: "
+            "see the README's tested matrix."
+        )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and args.world_size == 1:
+        raise ValueError(
+            f"This process was launched as one of WORLD_SIZE={launched} processes, but the Trainer runs "
+            "single-process, so every process would train and save its own model and rock set. On a machine "
+            "without GPUs set use_cpu=True (or launch with ACCELERATE_USE_CPU=true) so the processes join a gloo "
+            "group; on GPUs check that CUDA is visible to every process."
+        )
+
+
+def _stop_ids(value: Any) -> set[int]:
+    return set() if value is None else {int(v) for v in (value if isinstance(value, (list, tuple)) else [value])}
+
+
+def warn_on_eos_mismatch(student_eos: Any, teacher: nn.Module, tokenizer: Any) -> None:
+    """Completions end at the student's stop ids; a teacher that stops elsewhere scores those ends as unlikely.
+
+    Pad ids need no check: every position is masked by the attention mask, never matched by id.
+    """
+    student_stop = _stop_ids(student_eos) or _stop_ids(getattr(tokenizer, "eos_token_id", None))
+    teacher_generation = getattr(teacher, "generation_config", None)
+    teacher_stop = _stop_ids(getattr(teacher_generation, "eos_token_id", None)) or _stop_ids(
+        teacher.config.get_text_config().eos_token_id
+    )
+    if student_stop and teacher_stop and not student_stop & teacher_stop:
+
+        def shown(stop: set[int]) -> str:
+            return ", ".join(f"{i} ({tokenizer.decode([i])!r})" for i in sorted(stop))
+
+        logger.warning(
+            f"The student's completions end with eos id(s) {shown(student_stop)}, but the teacher's eos is "
+            f"{shown(teacher_stop)}. The teacher is scored on predicting the student's eos, which it "
+            "may rate as unlikely, inflating the divergence of every final token. Use one chat template for both "
+            "(set teacher.generation_config.eos_token_id) unless this is intended."
+        )
+
+
+class RockTokenEngine:
+    """The rock-token loss, metrics and files of one training run, composed into a trainer.
+
+    Args:
+        args: the trainer's config ([`RockArguments`] fields: `beta`, `loss_temperature`, `loss_chunk_size`,
+            `rock_normalization`, `rock_probe_fraction`, `rock_policy_kwargs`, `rock_policy_reset_on_resume`, `seed`).
+        policy: the token policy (see [`build_policy`]); `setup` is called here with the shared vocabulary size.
+        student: the student, unwrapped (PEFT wrappers are fine); only checked here, each loss call gets the model.
+        teacher: the teacher as the trainer holds it (possibly wrapped by accelerate); its backbone runs through
+            its wrapper's forward.
+        accelerator: the trainer's `Accelerator`, for unwrapping and for sums over processes; `None` is one process.
+        tokenizer: decodes rock tokens and checks rock-set files (a processor's `tokenizer` is used).
+        student_eos: the stop id(s) of the student's generation config, checked against the teacher's.
+
+    Example:
+    ```python
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> from hf_rockopd.engine import RockTokenEngine, build_policy
+    >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+    >>> tokenizer = build_tiny_tokenizer()
+    >>> student, teacher = build_tiny_causal_lm(tokenizer, seed=0), build_tiny_causal_lm(tokenizer, seed=1)
+    >>> args = SimpleNamespace(beta=1.0, loss_temperature=1.0, loss_chunk_size=512, rock_normalization="tokens",
+    ...                        rock_probe_fraction=0.0, rock_policy="uniform", rock_policy_kwargs={},
+    ...                        rock_policy_reset_on_resume=False, seed=0)
+    >>> engine = RockTokenEngine(args, build_policy(None, args), student, teacher, tokenizer=tokenizer)
+    >>> ids = torch.tensor([[40, 41, 42, 43]])
+    >>> inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([[-100, -100, 42, 43]])}
+    >>> loss = engine.compute_loss(student, inputs, training=False)
+    >>> loss.ndim, bool(loss > 0)
+    (0, True)
+    ```
+    """
+
+    def __init__(
+        self,
+        args: RockArguments,
+        policy: TokenPolicy,
+        student: nn.Module,
+        teacher: nn.Module,
+        accelerator: Any | None = None,
+        tokenizer: Any | None = None,
+        student_eos: int | Sequence[int] | None = None,
+    ):
+        self.args = args
+        self.policy = policy
+        self.teacher = teacher
+        self.accelerator = accelerator
+        self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        # Micro-batches trained so far; seeds the probe draw (with the step and rank). The trainer advances it.
+        self.micro_step = 0
+        self._redirect = _ForwardRedirection()
+        unwrapped_teacher = self._unwrap(teacher)
+        self.vocab_size = check_same_vocabulary(student, unwrapped_teacher)
+        self.policy.setup(self.vocab_size)
+        for source in (getattr(policy, "source", None), getattr(policy, "rock_source", None)):
+            if source is not None and self.tokenizer is not None:
+                check_rock_set_tokenizer(source, self.tokenizer.decode)
+        if self.tokenizer is not None:
+            warn_on_eos_mismatch(student_eos, unwrapped_teacher, self.tokenizer)
+        self.has_4bit_layers = any(type(m).__name__ == "Linear4bit" for m in student.modules())
+
+    @property
+    def num_processes(self) -> int:
+        """Processes training together (1 without an accelerator)."""
+        return self.accelerator.num_processes if self.accelerator is not None else 1
+
+    def _unwrap(self, model: nn.Module) -> nn.Module:
+        return self.accelerator.unwrap_model(model) if self.accelerator is not None else model
+
+    # ------------------------------------------------------------------------------------------------- loss ----
+    def plan(
+        self,
+        token_ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        step: int,
+        training: bool,
+        num_items_in_batch: torch.Tensor | None = None,
+        accumulation_steps: int = 1,
+    ) -> LossPlan:
+        """Weight the valid positions of a micro-batch and choose the rows to project.
+
+        `token_ids[b, t]` is the token loss position `t` predicts (its label, never the input token at `t`) and `mask`
+        the positions that count. `num_items_in_batch` is the accumulation step's valid-position count over all
+        processes (see [`count_completions`]); `accumulation_steps` its number of micro-batches.
+        """
+        process = self.accelerator.process_index if self.accelerator is not None else 0
+        batch = TokenBatch(token_ids=token_ids.masked_fill(~mask, 0), mask=mask, step=step, training=training)
+        plan = LossPlan(
+            batch=batch,
+            grad_rows=mask,
+            probe_rows=torch.zeros_like(mask),
+            n_valid=mask.sum(),
+            num_items_in_batch=num_items_in_batch,
+            accumulation_steps=accumulation_steps,
+        )
+        if not (self.policy.needs_divergence or self.policy.needs_entropy):
+            plan.weights = checked_weights(self.policy, batch)
+            plan.grad_rows = plan.weights > 0
+            plan.row_weights = plan.weights[plan.grad_rows]
+            plan.normalizer = self._normalizer(plan, training)
+        # Seeded by step and micro-step (and rank), so a resumed run probes the same positions.
+        seed_key = (self.args.seed, step, self.micro_step, process)
+        plan.probe_rows = probe_rows(mask & ~plan.grad_rows, self.args.rock_probe_fraction, seed_key)
+        return plan
+
+    def _normalizer(self, plan: LossPlan, training: bool) -> torch.Tensor:
+        return normalizer(
+            self.args.rock_normalization,
+            plan.row_weights,
+            plan.n_valid,
+            training=training,
+            num_items_in_batch=plan.num_items_in_batch,
+            accumulation_steps=plan.accumulation_steps,
+            num_processes=self.num_processes,
+        )
+
+    def _last_hidden_state(self, model: nn.Module, **inputs: Any) -> torch.Tensor:
+        return backbone(model)(**inputs).last_hidden_state
+
+    def project_causal_lm(self, student: nn.Module, inputs: dict[str, torch.Tensor], plan: LossPlan) -> Projection:
+        """Both backbones on `inputs` (`input_ids`, `attention_mask`; loss position `t` predicts token `t + 1`), then
+        the heads on the plan's rows. `student` is unwrapped: call this inside the student wrapper's forward (as
+        [`compute_loss`] does) so DDP sees the computation."""
+        model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
+        student_hidden = self._last_hidden_state(student, **model_inputs)[:, :-1]
+        self.teacher.eval()
+        teacher = self._unwrap(self.teacher)
+        with torch.no_grad():
+            # Through the teacher's wrapper (DeepSpeed, DDP) too, so its parameters are gathered for the forward.
+            teacher_forward = partial(self._last_hidden_state, teacher)
+            teacher_hidden = self._redirect(self.teacher, teacher, teacher_forward, **model_inputs)
+        return project_rows(
+            plan,
+            student_hidden,
+            teacher_hidden[:, :-1],
+            student,
+            teacher,
+            beta=self.args.beta,
+            temperature=self.args.loss_temperature,
+            chunk_size=self.args.loss_chunk_size,
+        )
+
+    def finish(self, plan: LossPlan, projection: Projection, metrics: MutableMapping[str, list] | None) -> torch.Tensor:
+        """The micro-batch's loss from its projection: weights (if decided late), normalization, the policy's update
+        (training only) and the `rock/*` metrics appended to `metrics` (skipped when `None`)."""
+        batch = plan.batch
+        check_finite(projection, batch.step)
+        fill_scores(batch, plan.grad_rows, plan.probe_rows, projection)
+        if plan.weights is None:
+            plan.weights = checked_weights(self.policy, batch)
+            plan.row_weights = plan.weights[plan.grad_rows]
+            plan.normalizer = self._normalizer(plan, batch.training)
+            loss = weighted_loss(projection.grad.divergence, plan.row_weights, plan.normalizer) + projection.anchor
+        else:
+            loss = projection.loss + projection.anchor
+        if plan.row_weights.sum() == 0:
+            logger.warning(
+                f"Step {batch.step}: no completion token carries weight in this micro-batch ({int(plan.n_valid)} "
+                "valid, all weights 0); its loss is 0.0."
+            )
+        if batch.training:
+            self.policy.update(batch, plan.weights)
+        if metrics is not None:
+            fraction = self.args.rock_probe_fraction
+            sums = rock_metric_sums(batch, plan.weights, plan.grad_rows, plan.probe_rows, fraction)
+            log_rock_metrics(metrics, gather_sum(sums, self.accelerator), fraction, self.policy)
+        return loss
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        *,
+        step: int = 0,
+        training: bool | None = None,
+        num_items_in_batch: torch.Tensor | None = None,
+        accumulation_steps: int = 1,
+        metrics: MutableMapping[str, list] | None = None,
+    ) -> torch.Tensor:
+        """The weighted distillation loss of a causal-LM batch (`input_ids`, `attention_mask`, `labels` with -100
+        outside completions), as `RockOPDTrainer.compute_loss` computes it. `model` is the student as the trainer
+        holds it (possibly DDP-wrapped); `training` defaults to `model.training`."""
+        training = model.training if training is None else training
+        target = inputs["labels"][:, 1:]
+        plan = self.plan(
+            target,
+            target != -100,
+            step=step,
+            training=training,
+            num_items_in_batch=num_items_in_batch,
+            accumulation_steps=accumulation_steps,
+        )
+        student = self._unwrap(model)
+        projection = self._redirect(model, student, self.project_causal_lm, student, inputs, plan)
+        return self.finish(plan, projection, metrics)
+
+    def count_completions(
+        self,
+        labels: Sequence[torch.Tensor],
+        generated: Sequence[bool],
+        eos_ids: int | Sequence[int] | None,
+        device: torch.device | str,
+        metrics: MutableMapping[str, list] | None = None,
+    ) -> torch.Tensor | None:
+        """The valid completion positions of an accumulation step's micro-batches over all processes (the
+        `num_items_in_batch` of [`plan`]), with the `completions/*` metrics of the `generated` ones appended to
+        `metrics`, all from one gather. `None` for an empty step."""
+        if not labels:
+            return None
+        sums = completion_sums([batch_labels.to(device) for batch_labels in labels], generated, eos_ids)
+        sums = gather_sum(sums, self.accelerator)
+        if metrics is not None:
+            log_completion_metrics(metrics, sums)
+        return sums[0].to(torch.int64)
+
+    # ------------------------------------------------------------------------------------------------ files ----
+    def save_policy_state(self, checkpoint: str | os.PathLike) -> str:
+        """Write the policy's state into `checkpoint` (see `hf_rockopd.engine.state`); return the file's path."""
+        return save_policy_state(self.policy, checkpoint)
+
+    def load_policy_state(self, checkpoint: str | os.PathLike) -> None:
+        """Restore the policy from `checkpoint`; with `rock_policy_reset_on_resume`, a missing or unreadable state
+        gives a fresh policy and a warning instead of a `ValueError`."""
+        try:
+            load_policy_state(self.policy, checkpoint)
+        except (FileNotFoundError, ValueError, KeyError, TypeError) as err:
+            if self.args.rock_policy_reset_on_resume:
+                logger.warning(f"Resuming from {checkpoint} with a fresh {self.policy.name!r} policy: {err}.")
+                self.policy.setup(self.vocab_size)
+                return
+            raise ValueError(
+                f"Cannot restore the token policy from checkpoint {os.fspath(checkpoint)!r}: {err}. Resume from a "
+                "complete checkpoint, or set rock_policy_reset_on_resume=True to continue with a fresh policy."
+            ) from err
+
+    def write_rock_tokens(self, directory: str | os.PathLike, step: int) -> str:
+        """Write the policy's current rock set, decoded, to `directory/rock_tokens.json`; return the path."""
+        return write_rock_tokens(
+            directory,
+            self.policy.rock_table(),
+            vocab_size=self.vocab_size,
+            tokenizer=self.tokenizer,
+            policy=self.policy.name,
+            policy_kwargs=json.loads(json.dumps(self.args.rock_policy_kwargs or {}, default=str)),
+            step=step,
+        )
