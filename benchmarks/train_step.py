@@ -188,7 +188,7 @@ def train_steps(
     elif trainer_name == "gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-        from hf_rockopd.data import OnPolicyChatMLCollator
+        from hf_rockopd.trainers.data import OnPolicyChatMLCollator
 
         # The same prompt tokenization as ours (GKDTrainer's default collator needs a chat template the tiny
         # tokenizer lacks); the prompts and the generation are then identical.

@@ -11,18 +11,17 @@ trainer.train()
 ```
 """
 
-from .config import RockOPDConfig
+from ._version import __version__
 from .policies import TokenBatch, TokenPolicy, available_policies, get_policy, register_policy
-from .trainer import RockOPDTrainer
+from .trainers import RockOPDConfig, RockOPDTrainer
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "RockOPDConfig",
     "RockOPDTrainer",
     "TokenBatch",
     "TokenPolicy",
+    "__version__",
     "available_policies",
     "get_policy",
     "register_policy",

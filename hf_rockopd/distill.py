@@ -13,7 +13,6 @@ file.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 import time
@@ -26,10 +25,8 @@ from datasets import Dataset, load_dataset
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config, get_quantization_config
 
-from . import __version__
+from ._version import __version__
 from .commands.parsing import check_at_least, check_range
-from .config import RockOPDConfig
-from .data import OnPolicyChatMLCollator, check_prompt_lengths
 from .gsm8k import load_gsm8k_problems
 from .models import (
     SMOLLM2_ID,
@@ -38,30 +35,13 @@ from .models import (
     prune_decoder_layers,
     resolve_causal_lm,
 )
+from .publishing.run_report import TRAINING_FIELDS, write_run_report
+from .trainers.config import RockOPDConfig
+from .trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
 
 logger = logging.get_logger(__name__)
 
 __all__ = ["DistillArguments", "DistillResult", "StudentModelConfig", "load_gsm8k_split", "run_distillation"]
-
-# Training-run settings copied into run_report.json (and so into the model card).
-_REPORTED_TRAINING_FIELDS = (
-    "max_steps",
-    "num_train_epochs",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_steps",
-    "max_new_tokens",
-    "beta",
-    "lmbda",
-    "temperature",
-    "loss_temperature",
-    "rock_normalization",
-    "rock_probe_fraction",
-    "loss_chunk_size",
-    "seed",
-)
 
 
 @dataclass
@@ -406,7 +386,7 @@ def run_distillation(
     print(result.report["eval"]["after"]["mean_divergence"])
     ```
     """
-    from .trainer import RockOPDTrainer
+    from .trainers.gkd import RockOPDTrainer
 
     started = time.perf_counter()
     model_args = student_model_config(model_args)
@@ -461,7 +441,7 @@ def run_distillation(
         "dataset": {"name": script.dataset, "num_train": len(train_prompts), "num_eval": len(held_out)},
         "policy": {"name": args.rock_policy, "kwargs": dict(args.rock_policy_kwargs or {})},
         "training": {
-            **{name: getattr(args, name) for name in _REPORTED_TRAINING_FIELDS},
+            **{name: getattr(args, name) for name in TRAINING_FIELDS},
             "train_seconds": round(train_seconds, 1),
             "lora": _lora_settings(model_args),
         },
@@ -475,12 +455,10 @@ def run_distillation(
         "license": "apache-2.0",
     }
     report["training"]["total_seconds"] = round(time.perf_counter() - started, 1)
-    path = os.path.join(args.output_dir, "run_report.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, default=_json_default)
+    write_run_report(args.output_dir, report)
     card = None
     if trainer.is_world_process_zero():
-        from .model_card import write_model_card
+        from .publishing.model_card import write_model_card
 
         card = write_model_card(args.output_dir)
     return DistillResult(output_dir=args.output_dir, report=report, model_card=card)
@@ -496,8 +474,3 @@ def _lora_settings(model_args: StudentModelConfig) -> dict[str, Any] | None:
         "target_modules": model_args.lora_target_modules,
         "load_in_4bit": model_args.load_in_4bit,
     }
-
-
-def _json_default(value: Any) -> Any:
-    # log_history and policy kwargs may hold tensors or other objects json cannot write; keep them readable.
-    return value.tolist() if isinstance(value, torch.Tensor) else str(value)

@@ -13,8 +13,8 @@ from huggingface_hub import ModelCard
 from hf_rockopd import RockOPDConfig, distill
 from hf_rockopd.cli import main as cli_main
 from hf_rockopd.commands.distill import parse_arguments
-from hf_rockopd.data import PromptTooLongError
 from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_gsm8k_split, run_distillation
+from hf_rockopd.trainers.data import PromptTooLongError
 from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
 
 

@@ -10,7 +10,7 @@ from datasets import Dataset
 from trl.experimental.utils import DataCollatorForChatML
 
 from hf_rockopd import RockOPDTrainer
-from hf_rockopd.data import OnPolicyChatMLCollator, PromptTooLongError
+from hf_rockopd.trainers.data import OnPolicyChatMLCollator, PromptTooLongError
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.rock_set import save_rock_set
 
@@ -190,7 +190,7 @@ def test_bad_rock_set_files_fail_at_trainer_creation_naming_the_file(
 
 def test_messages_without_an_answer_are_all_prompt(tokenizer):
     """A dataset of questions only (no assistant turn) is valid on-policy data: the whole conversation is the prompt."""
-    from hf_rockopd.data import OnPolicyChatMLCollator
+    from hf_rockopd.trainers.data import OnPolicyChatMLCollator
 
     collator = OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=128)
     question = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from hf_rockopd.trainer import POLICY_STATE_NAME, ROCK_TOKENS_NAME
+from hf_rockopd.engine import POLICY_STATE_NAME
+from hf_rockopd.rock_set import ROCK_TOKENS_NAME
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

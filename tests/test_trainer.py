@@ -14,7 +14,8 @@ from hf_rockopd import RockOPDConfig, RockOPDTrainer
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.policies import TokenPolicy
-from hf_rockopd.trainer import POLICY_STATE_NAME, ROCK_TOKENS_NAME
+from hf_rockopd.engine import POLICY_STATE_NAME
+from hf_rockopd.rock_set import ROCK_TOKENS_NAME
 
 
 def make_trainer(student, teacher, args, tokenizer, dataset=None, **kwargs):

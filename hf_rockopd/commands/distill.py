@@ -22,9 +22,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import RockOPDConfig
 from ..distill import DistillArguments, StudentModelConfig, run_distillation
 from ..policies import parse_policy_kwargs
+from ..publishing.run_report import RUN_REPORT_NAME
+from ..rock_set import ROCK_TOKENS_NAME
+from ..trainers.config import RockOPDConfig
 from .parsing import Command, CommandParser
 from .policy_flags import add_policy_options, policy_options, pop_policy_options
 
@@ -94,12 +96,12 @@ def distill(script: DistillArguments, args: RockOPDConfig, model_args: StudentMo
         from ..evaluation import format_results_table
 
         print("\n" + format_results_table({"before": evaluation["before"], "after": evaluation["after"]}))
-    with open(os.path.join(result.output_dir, "rock_tokens.json")) as f:
+    with open(os.path.join(result.output_dir, ROCK_TOKENS_NAME)) as f:
         rocks = json.load(f).get("tokens", [])
     shown = " ".join(repr(r.get("token", r.get("token_id"))) for r in rocks[:15])
     print(f"\nrock tokens ({len(rocks)}): {shown}{' ...' if len(rocks) > 15 else ''}")
     print(f"student:     {result.output_dir} ({'LoRA adapter' if model_args.use_peft else 'full model'})")
-    print(f"run report:  {os.path.join(result.output_dir, 'run_report.json')}")
+    print(f"run report:  {os.path.join(result.output_dir, RUN_REPORT_NAME)}")
     if result.model_card:
         print(f"model card:  {result.model_card}")
     return 0

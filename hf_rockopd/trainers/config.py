@@ -8,7 +8,7 @@ from typing import Any
 
 from trl.experimental.gkd import GKDConfig
 
-from .policies import available_policies, build_policy_options, parse_policy_kwargs
+from ..policies import available_policies, build_policy_options, parse_policy_kwargs
 
 
 NORMALIZATIONS = ("tokens", "weights")

@@ -33,7 +33,7 @@ class OnPolicyChatMLCollator(DataCollatorForChatML):
 
     Example:
     ```python
-    >>> from hf_rockopd.data import OnPolicyChatMLCollator
+    >>> from hf_rockopd.trainers.data import OnPolicyChatMLCollator
     >>> from hf_rockopd.models import build_tiny_tokenizer
     >>> collator = OnPolicyChatMLCollator(tokenizer=build_tiny_tokenizer(), max_length=64)
     >>> batch = collator([{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}])
@@ -101,7 +101,7 @@ def check_prompt_lengths(dataset: Iterable[Mapping[str, Any]], collator: OnPolic
 
     Example:
     ```python
-    >>> from hf_rockopd.data import OnPolicyChatMLCollator, check_prompt_lengths
+    >>> from hf_rockopd.trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
     >>> from hf_rockopd.models import build_tiny_tokenizer
     >>> collator = OnPolicyChatMLCollator(tokenizer=build_tiny_tokenizer(), max_length=64)
     >>> check_prompt_lengths([{"prompt": [{"role": "user", "content": "Hi"}]}], collator)  # fits: no error
