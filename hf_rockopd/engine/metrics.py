@@ -9,7 +9,7 @@ Example:
 >>> import torch
 >>> from collections import defaultdict
 >>> from hf_rockopd.engine.metrics import completion_sums, log_completion_metrics
->>> labels = torch.tensor([[-100, 5, 6, 2], [-100, 5, 5, 5]])  # eos id 2: the second completion was cut off
+>>> labels = torch.tensor([[-100, 5, 2, -100], [-100, 5, 5, 5]])  # eos id 2: the second completion was cut off
 >>> metrics = defaultdict(list)
 >>> log_completion_metrics(metrics, completion_sums([labels], [True], eos_ids=[2]))
 >>> dict(metrics)

@@ -10,8 +10,10 @@ Example:
 ...           "student": {"name": "tiny", "base_model": "b", "adapter": False, "num_layers": 2},
 ...           "policy": {"name": "uniform"}, "training": {"max_steps": 2}}
 >>> sections = card_sections(report, {"tokens": [], "policy": "uniform"}, model_id="me/tiny")
->>> sections["teacher"]["link"], sections["training"], sections["student"]["layers"]
-('[`HuggingFaceTB/SmolLM2-360M-Instruct`](https://huggingface.co/HuggingFaceTB/SmolLM2-360M-Instruct)', [('max_steps', '2')], '2 decoder layers (all of the base model\'s)')
+>>> print(sections["teacher"]["link"])
+[`HuggingFaceTB/SmolLM2-360M-Instruct`](https://huggingface.co/HuggingFaceTB/SmolLM2-360M-Instruct)
+>>> sections["training"], sections["student"]["layers"]
+([('max_steps', '2')], "2 decoder layers (all of the base model's)")
 ```
 """
 
