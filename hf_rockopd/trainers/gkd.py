@@ -202,6 +202,10 @@ class RockOPDTrainer(GKDTrainer):
         """The token policy that weights each completion token (the engine's)."""
         return self.rock_engine.policy
 
+    @rock_policy.setter
+    def rock_policy(self, policy: TokenPolicy) -> None:
+        self.rock_engine.policy = policy
+
     @property
     def _vocab_size(self) -> int:
         return self.rock_engine.vocab_size
