@@ -69,6 +69,14 @@ class RockOPDConfig(GKDConfig):
             Rows projected through the output heads at once; loss memory is `O(loss_chunk_size × vocab)`.
         loss_temperature (`float`, *optional*, defaults to `1.0`):
             Temperature of the distributions inside the divergence (the paper: 1).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers import RockOPDConfig
+    >>> args = RockOPDConfig(output_dir="out", rock_policy="rock_online", rock_policy_kwargs='{"top_k": 50}')
+    >>> args.rock_policy_kwargs, args.beta, args.rock_normalization
+    ({'top_k': 50}, 1.0, 'tokens')
+    ```
     """
 
     _VALID_DICT_FIELDS = GKDConfig._VALID_DICT_FIELDS + ["rock_policy_kwargs"]
