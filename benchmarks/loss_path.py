@@ -4,7 +4,7 @@ Three implementations run on identical inputs (`(B·L, H)` student and teacher h
 the student's head trainable, a 0/1 weight per position with the frozen fraction at 0):
 
 - `rockopd`: `hf_rockopd.losses.chunked_weighted_loss` on the weighted rows, normalized by the number
-  of valid tokens, exactly as `RockOPDTrainer._project` / `compute_loss` call them;
+  of valid tokens, exactly as the engine calls it (`hf_rockopd.engine.weighting.project_rows`);
 - `gkd`: full `(B, L, V)` logits of both heads, then `GKDTrainer.generalized_jsd_loss` with frozen positions' labels at
   `-100` and `num_items_in_batch` the valid-token count (GKDTrainer has no token weights; masking is the same loss for
   0/1 weights);
