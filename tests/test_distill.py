@@ -14,8 +14,8 @@ from hf_rockopd import RockOPDConfig, distill
 from hf_rockopd.cli import main as cli_main
 from hf_rockopd.commands.distill import parse_arguments
 from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_gsm8k_split, run_distillation
-from hf_rockopd.trainers.data import PromptTooLongError
 from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
+from hf_rockopd.trainers.data import PromptTooLongError
 
 
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")

@@ -10,9 +10,9 @@ from datasets import Dataset
 from trl.experimental.utils import DataCollatorForChatML
 
 from hf_rockopd import RockOPDTrainer
-from hf_rockopd.trainers.data import OnPolicyChatMLCollator, PromptTooLongError
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.rock_set import save_rock_set
+from hf_rockopd.trainers.data import OnPolicyChatMLCollator, PromptTooLongError
 
 
 def make_trainer(student, teacher, args, tokenizer, dataset=None, **kwargs):

@@ -10,6 +10,7 @@ from huggingface_hub import ModelCard
 
 from hf_rockopd import RockOPDTrainer
 from hf_rockopd.cli import main
+from hf_rockopd.models import build_tiny_causal_lm, prune_decoder_layers
 from hf_rockopd.publishing import (
     CARD_TAGS,
     EVAL_FIELDS,
@@ -19,7 +20,6 @@ from hf_rockopd.publishing import (
     render_model_card,
     write_model_card,
 )
-from hf_rockopd.models import build_tiny_causal_lm, prune_decoder_layers
 from hf_rockopd.rock_set import save_rock_set
 
 

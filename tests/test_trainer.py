@@ -11,10 +11,10 @@ from conftest import make_args, make_dataset
 from trl.experimental.gkd import GKDTrainer
 
 from hf_rockopd import RockOPDConfig, RockOPDTrainer
+from hf_rockopd.engine import POLICY_STATE_NAME
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.policies import TokenPolicy
-from hf_rockopd.engine import POLICY_STATE_NAME
 from hf_rockopd.rock_set import ROCK_TOKENS_NAME
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from functools import partial
 from collections.abc import MutableMapping, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import torch
