@@ -176,13 +176,7 @@ def load_rock_set(path: str | os.PathLike, vocab_size: int | None = None) -> dic
     ```
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Rock-set file {path!r} does not exist.")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"Rock-set file {path!r} is not valid JSON ({err}). Regenerate it or fix it by hand.") from err
+    data = _read_json(path, f"Rock-set file {path!r}", "Regenerate it or fix it by hand.")
     if isinstance(data, list):
         data = {"token_ids": data}
     if not isinstance(data, dict) or "token_ids" not in data:
@@ -287,6 +281,17 @@ def save_rock_set(
     os.replace(tmp, path)
 
 
+def _read_json(path: str, what: str, hint: str) -> Any:
+    """The JSON in `path`; a missing file or invalid JSON is an error naming `what` and ending with `hint`."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} does not exist. {hint}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what} is not valid JSON ({err}). {hint}") from err
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, (np.integer,)):
         return int(obj)
@@ -372,13 +377,7 @@ def load_rock_tokens(directory: str | os.PathLike) -> dict[str, Any]:
     ```
     """
     path = os.path.join(os.fspath(directory), ROCK_TOKENS_NAME)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} does not exist: {_ROCK_TOKENS_HINT}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}). {_ROCK_TOKENS_HINT}") from err
+    data = _read_json(path, path, _ROCK_TOKENS_HINT)
     if not isinstance(data, dict) or not isinstance(data.get("tokens", data.get("token_ids")), list):
         raise ValueError(
             f"{path} is not a rock-set file: expected a JSON object with a 'tokens' list, as written by "
