@@ -1,0 +1,406 @@
+"""`hf-rockopd ablate`: the paper's policy ablation for any teacher-student pair, as one resumable command.
+
+Layout of `--output_dir` (every file is written to a temporary name and renamed, so a killed run leaves none half
+written):
+
+```
+ablation.json                    the settings; a rerun with other budget settings is refused
+warm_start/model/                the uniform-OPD checkpoint every run continues from (protocol warm_start)
+warm_start/warm_start.json       written last: the warm start is done
+rocks/table/                     the lab's token table on the start weights (collect)
+rocks/rock_set.json              the rocks selected on it (score); rock_freeze, soft and random_matched use them
+rocks/reference_counts.json      token frequencies of that table, to which random_matched matches its control
+start_eval.json                  the held-out evaluation of the start weights (reference, not compared)
+runs/<policy>/seed_<seed>/result.json   written last: the run is done and skipped on rerun
+summary.json, summary.md, summary.png   `hf_rockopd.ablate.summary`
+```
+
+Every run starts from a fresh copy of the start weights held in memory, trains `--max_steps` steps with the trainer's
+`seed` and `data_seed` set to the run's seed (so every policy sees the same prompts in the same order per seed), is
+evaluated on the held-out problems, and keeps only its result: no run saves model weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+# The rest of the package, gathered here so that a reorganization changes these lines only.
+from ..analysis import collect_token_table, load_token_table, score_token_table
+from ..config import RockOPDConfig
+from ..distill import load_gsm8k_split
+from ..evaluation import evaluate_gsm8k, load_gsm8k_problems
+from ..modeling import eos_token_ids
+from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
+from ..rock_set import load_rock_set
+from .arguments import AblateArguments, parse_arguments, training_fingerprint
+from .compute import train_copy
+from .measures import problem_quality, run_quality
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["RESULT_NAME", "main", "run_ablation", "run_directory"]
+
+RESULT_NAME = "result.json"
+RESULT_FORMAT = "hf_rockopd.ablate.run"
+SETTINGS_NAME = "ablation.json"
+
+
+def run_directory(output_dir: str, policy: str, seed: int) -> str:
+    """Where the run `(policy, seed)` of an ablation keeps its result."""
+    return os.path.join(output_dir, "runs", policy, f"seed_{seed}")
+
+
+def _write_json(path: str, data: Any) -> None:
+    """Write to a temporary name, then rename: a reader (or a rerun) never sees half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=_json_default)
+    os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    return value.tolist() if isinstance(value, torch.Tensor) else str(value)
+
+
+def _read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------------------- models ----
+def _load_models(ablate: AblateArguments):
+    """Teacher and student as `hf-rockopd distill` loads them (no LoRA: every run trains the full student)."""
+    teacher = resolve_causal_lm(ablate.teacher)
+    if ablate.student is None:
+        base, default_layers = teacher.model, min(24, teacher.model.config.num_hidden_layers)
+    else:
+        resolved = resolve_causal_lm(ablate.student)
+        if resolved.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+            raise ValueError(
+                f"The student {ablate.student!r} and the teacher {ablate.teacher!r} have different tokenizers; "
+                "token-level distillation needs one shared vocabulary."
+            )
+        base, default_layers = resolved.model, resolved.model.config.num_hidden_layers
+    total = base.config.num_hidden_layers
+    keep = middle_block_layers(total, ablate.student_num_layers or default_layers)
+    if ablate.student is None and len(keep) == total:
+        raise ValueError(
+            f"The student would be an unpruned copy of the teacher; set student_num_layers below {total} or --student."
+        )
+    student = prune_decoder_layers(base, keep) if len(keep) < total else base
+    return teacher.model, student, teacher.tokenizer
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+# -------------------------------------------------------------------------------------------- warm start ----
+def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, args: RockOPDConfig, root: str):
+    """Uniform OPD for `warm_start_steps` from the student, saved once; a rerun loads it (or resumes its training)."""
+    directory = os.path.join(root, "warm_start")
+    model_dir, done = os.path.join(directory, "model"), os.path.join(directory, "warm_start.json")
+    if os.path.isfile(done):
+        logger.warning(f"Warm start found in {model_dir}; loading it.")
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=student.dtype), _read_json(done)
+    trainer_dir = os.path.join(directory, "trainer")
+    save_steps = ablate.warm_start_save_steps
+    warm_args = replace(
+        args, output_dir=trainer_dir, max_steps=ablate.warm_start_steps, rock_policy="uniform", rock_policy_kwargs={},
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, save_total_limit=1,
+        logging_steps=1, push_to_hub=False,
+    )
+    resume = get_last_checkpoint(trainer_dir) if os.path.isdir(trainer_dir) else None
+    logger.warning(f"Warm start: {ablate.warm_start_steps} steps of uniform OPD" + (f", resuming {resume}" if resume else ""))
+    started = time.perf_counter()
+    trainer, meter = train_copy(student, teacher, tokenizer, prompts, warm_args, resume=resume)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    tmp = f"{model_dir}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    os.replace(tmp, model_dir)
+    info = {
+        "steps": ablate.warm_start_steps,
+        "seed": args.seed,
+        "resumed_from": resume,
+        "train_seconds": round(time.perf_counter() - started, 2),
+        "compute": meter.to_dict(),
+        "log_history": trainer.state.log_history,
+    }
+    _write_json(done, info)
+    shutil.rmtree(trainer_dir, ignore_errors=True)  # optimizer checkpoints are only needed until the model is saved
+    del trainer
+    return model, info
+
+
+# ------------------------------------------------------------------------------------------------- rocks ----
+def _find_rocks(start, teacher, tokenizer, prompts, ablate: AblateArguments, args: RockOPDConfig, root: str):
+    """The lab's `collect` + `score` on the start weights: `rocks/rock_set.json` and `rocks/reference_counts.json`."""
+    directory = os.path.join(root, "rocks")
+    rock_path = os.path.join(directory, "rock_set.json")
+    counts_path = os.path.join(directory, "reference_counts.json")
+    if os.path.isfile(rock_path) and os.path.isfile(counts_path):
+        return rock_path, counts_path
+    table_dir = os.path.join(directory, "table")
+    chats = [[row[0]] for row in prompts["messages"][: ablate.rock_num_prompts]]  # the user turn of each prompt
+    collect_token_table(
+        start.to(_device_of(teacher)), teacher, tokenizer, chats, table_dir,
+        max_new_tokens=ablate.rock_max_new_tokens or args.max_new_tokens, batch_size=ablate.eval_batch_size,
+        do_sample=True, seed=args.seed, beta=args.beta, temperature=args.temperature, show_progress=False,
+        gradient_cosine=False,
+    )
+    table = load_token_table(table_dir)
+    counts = table.counts()
+    if ablate.rock_set is None:
+        options = {"min_count": ablate.rock_min_count, "exclude_top_frequent": ablate.rock_exclude_top_frequent}
+        try:
+            scored = score_token_table(table, top_k=ablate.rock_top_k, **options)
+        except ValueError:
+            # Fewer eligible types than rock_top_k (short rollouts, small vocabularies): take every eligible one.
+            eligible = score_token_table(table, top_k=1, **options).settings["eligible_types"]
+            logger.warning(f"Only {eligible} eligible token types for rock_top_k={ablate.rock_top_k}; taking all.")
+            scored = score_token_table(table, top_k=eligible, **options)
+        tmp = f"{rock_path}.tmp.json"
+        scored.save(tmp)
+        os.replace(tmp, rock_path)
+    else:
+        shutil.copyfile(ablate.rock_set, rock_path)
+    _write_json(counts_path, {"counts": {str(i): int(counts[i]) for i in counts.nonzero()[0]}})
+    return rock_path, counts_path
+
+
+# -------------------------------------------------------------------------------------------- the policies ----
+def policy_settings(
+    policy: str, ablate: AblateArguments, args: RockOPDConfig, seed: int, rocks: tuple[str, str] | None
+) -> dict[str, Any]:
+    """The trainer's `rock_policy`, `rock_policy_kwargs` and `rock_normalization` for one ablation policy and seed.
+
+    Built-in options first, then `policy_kwargs[policy]` over them. `rock_online` finds rocks within the run, so its
+    warm-up and refresh are scaled to the budget (a quarter and an eighth of `max_steps`) unless given.
+
+    Example:
+    ```python
+    >>> from hf_rockopd import RockOPDConfig
+    >>> from hf_rockopd.ablate.arguments import AblateArguments
+    >>> from hf_rockopd.ablate.runner import policy_settings
+    >>> args = RockOPDConfig(output_dir="out", max_steps=8, report_to="none")
+    >>> policy_settings("soft", AblateArguments(), args, 0, ("rocks.json", "counts.json"))
+    {'rock_policy': 'rock_freeze', 'rock_policy_kwargs': {'token_ids': 'rocks.json', 'weight': 0.3}, 'rock_normalization': 'tokens'}
+    ```
+    """
+    rock_set, counts = rocks or (None, None)
+    normalization = args.rock_normalization
+    if policy in ("rock_freeze", "soft"):
+        name, kwargs = "rock_freeze", {"token_ids": rock_set, "weight": ablate.soft_weight if policy == "soft" else 0.0}
+        normalization = "tokens" if policy == "soft" else normalization
+    elif policy == "random_matched":
+        name, kwargs = policy, {"rock_set": rock_set, "reference_counts": counts, "seed": seed}
+    elif policy == "rock_online":
+        steps = args.max_steps
+        name, kwargs = policy, {
+            "warmup_steps": max(1, steps // 4), "refresh_every": max(1, steps // 8), "persistence": 2,
+            "top_k": ablate.rock_top_k, "min_count": ablate.rock_min_count,
+            "exclude_top_frequent": ablate.rock_exclude_top_frequent,
+        }
+    else:
+        name, kwargs = policy, {}
+    kwargs.update(ablate.parsed_policy_kwargs().get(policy, {}))
+    return {"rock_policy": name, "rock_policy_kwargs": kwargs, "rock_normalization": normalization}
+
+
+# ----------------------------------------------------------------------------------------------- evaluation ----
+def _evaluate(model, teacher, tokenizer, problems, ablate: AblateArguments, args: RockOPDConfig, rock_set) -> dict:
+    """Held-out evaluation with per-problem outcomes: correct, on-policy divergence, loop and finished flags."""
+    started = time.perf_counter()
+    model = model.to(_device_of(teacher))
+    result = evaluate_gsm8k(
+        model, tokenizer, problems, teacher=teacher, rock_ids=rock_set, max_new_tokens=ablate.eval_max_new_tokens,
+        batch_size=ablate.eval_batch_size, beta=args.beta, temperature=args.loss_temperature, show_progress=False,
+    )
+    stop_ids = eos_token_ids(tokenizer, model)
+    lengths = [r["num_tokens"] for r in result.records]
+    completions = [ids.tolist() for ids in torch.split(result.token_ids, lengths)] if lengths else []
+    outcomes = []
+    for index, (record, ids) in enumerate(zip(result.records, completions)):
+        outcomes.append({
+            "index": index,
+            "correct": bool(record["correct"]),
+            "on_policy_divergence": record.get("mean_divergence"),
+            "teacher_forced_divergence": _teacher_forced(record),
+            **problem_quality(ids, stop_ids, ablate.eval_max_new_tokens),
+            "num_tokens": record["num_tokens"],
+            "prediction": record["prediction"],
+            "completion": record["completion"],
+        })
+    metrics = {
+        **run_quality(completions, stop_ids, ablate.eval_max_new_tokens, [o["correct"] for o in outcomes]),
+        "on_policy_divergence": result.mean_divergence,
+        "on_policy_divergence_non_rock": result.mean_divergence_non_rock,
+        "teacher_forced_divergence": _teacher_forced(result),
+        "top1_agreement": result.top1_agreement,
+        "clipped_ratio": result.clipped_ratio,
+        "eval_seconds": round(time.perf_counter() - started, 3),
+    }
+    return {"metrics": metrics, "problems": outcomes}
+
+
+def _teacher_forced(source: Any) -> float | None:
+    """HOOK (issue 18, item 2): the teacher-forced divergence on the teacher's own completions.
+
+    The lead is adding it to `hf_rockopd.evaluation`; once `EvalResult` (run level) and its records (per problem)
+    carry `teacher_forced_divergence`, it is copied from there, and the summary compares it like every other metric.
+    Until then it is None everywhere.
+    """
+    value = source.get("teacher_forced_divergence") if isinstance(source, dict) else getattr(
+        source, "teacher_forced_divergence", None
+    )
+    return None if value is None else float(value)
+
+
+# ----------------------------------------------------------------------------------------------- the runs ----
+def _check_settings(root: str, ablate: AblateArguments, args: RockOPDConfig, command: str) -> None:
+    """Record the settings; refuse a directory whose finished runs were made with other budget settings."""
+    path = os.path.join(root, SETTINGS_NAME)
+    settings = {"ablate": ablate.fingerprint(), "training": training_fingerprint(args)}
+    if os.path.isfile(path):
+        saved = _read_json(path)
+        changed = [
+            f"{group}.{key}: {saved.get(group, {}).get(key)!r} -> {value!r}"
+            for group in ("ablate", "training")
+            for key, value in json.loads(json.dumps(settings[group], default=str)).items()
+            if saved.get(group, {}).get(key) != value
+        ]
+        if changed:
+            raise ValueError(
+                f"{root} holds an ablation made with other settings ({'; '.join(changed)}). Its finished runs would "
+                "be skipped and compared with new ones: use another --output_dir, or the same settings to resume."
+            )
+        policies = list(dict.fromkeys([*saved.get("policies", []), *ablate.policies]))
+        seeds = list(dict.fromkeys([*saved.get("seeds", []), *ablate.seeds]))
+    else:
+        policies, seeds = ablate.policies, ablate.seeds
+    _write_json(path, {**settings, "policies": policies, "seeds": seeds, "command": command})
+
+
+def _run_one(policy, seed, start, teacher, tokenizer, train, problems, ablate, args, rocks) -> dict[str, Any]:
+    started = time.perf_counter()
+    directory = run_directory(args.output_dir, policy, seed)
+    settings = policy_settings(policy, ablate, args, seed, rocks)
+    run_args = replace(
+        args, output_dir=directory, seed=seed, data_seed=seed, save_strategy="no", logging_steps=1, push_to_hub=False,
+        **settings,
+    )
+    trainer, meter = train_copy(start, teacher, tokenizer, train, run_args)
+    train_seconds = time.perf_counter() - started
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    evaluation = _evaluate(model, teacher, tokenizer, problems, ablate, args, rocks[0] if rocks else None)
+    result = {
+        "format": RESULT_FORMAT,
+        "policy": policy,
+        "seed": seed,
+        "protocol": ablate.protocol,
+        "trainer_policy": settings,
+        "rock_ids": trainer.rock_policy.rock_ids() or [],
+        "metrics": {
+            **evaluation["metrics"],
+            **meter.to_dict(),
+            "train_seconds": round(train_seconds, 3),
+            "total_seconds": round(time.perf_counter() - started, 3),
+        },
+        "problems": evaluation["problems"],
+        "log_history": trainer.state.log_history,
+    }
+    _write_json(os.path.join(directory, RESULT_NAME), result)  # last: the run is done
+    del trainer, model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | None = None) -> dict[str, Any]:
+    """Run every (policy, seed) not finished yet, then write the summary; returns `{"trained": [...], "summary"}`.
+
+    Example:
+    ```python
+    from hf_rockopd import RockOPDConfig
+    from hf_rockopd.ablate.arguments import AblateArguments
+    from hf_rockopd.ablate.runner import run_ablation
+
+    ablate = AblateArguments(teacher="Qwen/Qwen2.5-Coder-1.5B-Instruct", student="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                             dataset="gsm8k.jsonl", policies=["uniform", "rock_freeze"], seeds=[0, 1])
+    out = run_ablation(ablate, RockOPDConfig(output_dir="runs/ablate", max_steps=20, report_to="none"))
+    ```
+    """
+    from .summary import write_summary
+
+    root = args.output_dir
+    command = command or "run_ablation(...)"
+    # Every input is checked before a model is loaded or a directory made: a typo costs seconds, not a teacher load.
+    from .arguments import check_training_budget
+
+    check_training_budget(args)
+    if ablate.rock_set is not None:
+        load_rock_set(ablate.rock_set)
+    train, held_out = load_gsm8k_split(
+        ablate.dataset, ablate.num_train_prompts, ablate.num_eval_problems, seed=ablate.split_seed,
+        config=ablate.dataset_config,
+    )
+    for policy in ablate.policies:  # options of policies that need no rock set are checked now
+        if policy not in ("rock_freeze", "soft", "random_matched"):
+            replace(args, **policy_settings(policy, ablate, args, 0, None))
+    # Seed by seed; the policy order rotates with the seed, so no policy is always the first run of a process (which
+    # pays for warm-up) or always the one running beside the same background load.
+    order = [
+        (policy, seed) for k, seed in enumerate(ablate.seeds)
+        for policy in ablate.policies[k % len(ablate.policies):] + ablate.policies[: k % len(ablate.policies)]
+    ]
+    pending = [(p, s) for p, s in order if not os.path.isfile(os.path.join(run_directory(root, p, s), RESULT_NAME))]
+    os.makedirs(root, exist_ok=True)
+    _check_settings(root, ablate, args, command)
+    trained = []
+    if pending:
+        teacher, student, tokenizer = _load_models(ablate)
+        problems = load_gsm8k_problems(held_out)
+        start = student
+        if ablate.protocol == "warm_start":
+            start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root)
+        rocks = _find_rocks(start, teacher, tokenizer, train, ablate, args, root) if ablate.needs_rocks() else None
+        start_eval = os.path.join(root, "start_eval.json")
+        if not os.path.isfile(start_eval):
+            _write_json(start_eval, _evaluate(start, teacher, tokenizer, problems, ablate, args, rocks and rocks[0]))
+        for index, (policy, seed) in enumerate(pending):
+            logger.warning(f"Run {index + 1}/{len(pending)}: policy {policy}, seed {seed}.")
+            _run_one(policy, seed, start, teacher, tokenizer, train, problems, ablate, args, rocks)
+            trained.append((policy, seed))
+    summary = write_summary(root)
+    return {"trained": trained, "summary": summary}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hf-rockopd ablate`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ablate, args = parse_arguments(argv)
+    out = run_ablation(ablate, args, command=shlex.join(["hf-rockopd", "ablate", *argv]))
+    summary = out["summary"]
+    print(f"\ntrained {len(out['trained'])} run(s); skipped the finished ones.\n")
+    print(summary["markdown"])
+    for name, path in summary["files"].items():
+        print(f"{name + ':':9s}{path}")
+    return 0
