@@ -131,6 +131,34 @@ def test_from_scratch_with_the_soft_policy(pair, tmp_path):
     assert soft["seed"] == 3 and soft["protocol"] == "from_scratch"
 
 
+def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeypatch):
+    from hf_rockopd.ablate import compute
+
+    class Killed(Exception):
+        pass
+
+    original = compute.ComputeMeter.on_step_end
+
+    def kill_at_step_2(self, args, state, control, **kwargs):
+        original(self, args, state, control, **kwargs)
+        if state.global_step == 2:  # checkpoint-1 is on disk, checkpoint-2 not yet
+            raise Killed
+
+    out = tmp_path / "killed"
+    arguments = argv(pair, out, "--policies", "uniform", "--seeds", "0", "--warm_start_steps", "3")
+    with monkeypatch.context() as m:
+        m.setattr(compute.ComputeMeter, "on_step_end", kill_at_step_2)
+        with pytest.raises(Killed):
+            ablate(arguments)
+    assert (out / "warm_start" / "trainer" / "checkpoint-1").is_dir()
+    assert not (out / "warm_start" / "warm_start.json").exists() and not (out / "runs").exists()
+    assert ablate(arguments)["trained"] == [("uniform", 0)]
+    info = json.loads((out / "warm_start" / "warm_start.json").read_text())
+    assert info["resumed_from"].endswith("checkpoint-1") and info["compute"]["steps"] == 2  # steps 2 and 3
+    assert [e["step"] for e in info["log_history"] if "loss" in e] == [1, 2, 3]
+    assert not (out / "warm_start" / "trainer").exists()  # optimizer checkpoints go once the model is saved
+
+
 # ---------------------------------------------------------------------------------------------- arguments ----
 @pytest.mark.parametrize(
     "extra, error, message",
