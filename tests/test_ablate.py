@@ -9,8 +9,7 @@ import yaml
 
 from hf_rockopd.ablate import runner
 from hf_rockopd.ablate.arguments import AblateArguments, parse_arguments
-from hf_rockopd.ablate.measures import mean_interval, paired_difference
-from hf_rockopd.ablate.summary import load_runs, summarize, write_summary
+from hf_rockopd.ablate.summary import load_runs, run_outcomes, summarize, write_summary
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 
 
@@ -98,8 +97,9 @@ def test_warm_start_end_to_end_then_resume(pair, tmp_path, monkeypatch, capsys):
     assert by["uniform", 0]["metrics"]["projected_fraction"] == 1.0
     assert by["rock_freeze", 1]["rock_ids"] == rocks
     assert by["rock_freeze", 1]["trainer_policy"]["rock_policy_kwargs"]["weight"] == 0.0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["paired"]["rock_freeze"]["accuracy"]["n"] == 8  # 4 problems x 2 seeds
+    stats = json.loads((out / "summary.json").read_text())["stats"]
+    accuracy = [d for d in stats["differences"] if (d["policy"], d["metric"]) == ("rock_freeze", "accuracy")]
+    assert accuracy[0]["seeds"] == [0, 1] and accuracy[0]["num_problems"] == 4
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
 
     # A rerun trains nothing and loads no model.
@@ -205,7 +205,7 @@ def crafted_run(policy, seed, correct, divergence, step_seconds):
     ]  # fmt: skip
     metrics = {
         "accuracy": sum(correct) / len(correct),
-        "on_policy_divergence": sum(divergence) / len(divergence),
+        "on_policy_divergence": sum(d for d in divergence if d is not None) / len(divergence),
         "teacher_forced_divergence": None,
         "loop_rate": 1 - sum(correct) / len(correct),
         "finished_rate": sum(correct) / len(correct),
@@ -226,40 +226,40 @@ def test_summary_on_crafted_runs(tmp_path):
             path = tmp_path / "runs" / policy / f"seed_{seed}" / "result.json"
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps(run))
+    (tmp_path / "start_eval.json").write_text(json.dumps({"metrics": {"accuracy": 0.25, "loop_rate": None}}))
     out = write_summary(tmp_path)
-    summary = out["summary"]
-    assert list(summary["policies"]) == ["uniform", "rock_freeze"]  # the baseline first
-    accuracy = summary["policies"]["rock_freeze"]["metrics"]["accuracy"]
-    assert accuracy["mean"] == pytest.approx(0.4)
-    assert accuracy["low"] == pytest.approx(0.4) and accuracy["high"] == pytest.approx(0.4)
-    step = summary["policies"]["uniform"]["metrics"]["step_seconds"]
-    assert step["mean"] == 3.0 and step["low"] == pytest.approx(3.0 - 4.303 * 1.0 / 3**0.5, abs=1e-3)
-    paired = summary["paired"]["rock_freeze"]
-    assert paired["accuracy"]["delta"] == pytest.approx(0.4 - 0.9) and paired["accuracy"]["n"] == 60
-    assert paired["accuracy"]["high"] < 0 and paired["accuracy"]["p_value"] < 0.01
-    assert paired["on_policy_divergence"]["delta"] == 0 and paired["on_policy_divergence"]["p_value"] == 1.0
-    assert paired["step_seconds"]["delta"] == pytest.approx(-1.0) and paired["step_seconds"]["unit"] == "seed"
-    assert paired["teacher_forced_divergence"]["delta"] is None  # not measured yet: no test, no q-value
-    assert paired["accuracy"]["q_value"] >= paired["accuracy"]["p_value"]
+    stats = out["stats"]
+    assert stats.policies == ("uniform", "rock_freeze")  # the baseline first
+    # Teacher-forced divergence is not measured yet (None): left out, and said so.
+    assert "teacher_forced_divergence" not in stats.metrics and "accuracy" in stats.metrics
+    accuracy = stats.summary("rock_freeze", "accuracy")
+    assert accuracy.mean == pytest.approx(0.4) and accuracy.seed_means == pytest.approx((0.4, 0.4, 0.4))
+    step = stats.summary("uniform", "step_seconds")
+    assert step.mean == 3.0 and step.ci_low == pytest.approx(3.0 - 4.303 * 1.0 / 3**0.5, abs=1e-3)
+    difference = stats.difference("rock_freeze", "accuracy")
+    assert difference.delta == pytest.approx(0.4 - 0.9) and difference.num_problems == 20
+    assert difference.ci_high < 0 and difference.p_value < 0.01 and difference.q_value >= difference.p_value
+    assert stats.difference("rock_freeze", "on_policy_divergence").p_value == 1.0
+    assert stats.difference("rock_freeze", "step_seconds").delta == pytest.approx(-1.0)
     table = (tmp_path / "summary.md").read_text()
-    assert "| rock_freeze | 3 | 0.400 ± 0.000 |" in table
-    assert "| rock_freeze | accuracy | -0.500 [" in table and "teacher-forced" not in table.split("Paired")[1]
+    assert "| rock_freeze | 3 | 0.400 [0.400, 0.400] |" in table and "| rock_freeze | accuracy | -0.500 |" in table
+    assert "Start weights of every run (reference, not compared): accuracy 0.250." in table
+    assert "Not in every run, so not compared: teacher_forced_divergence" in table
     assert (tmp_path / "summary.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "summary.json").read_text())["baseline"] == "uniform"
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["stats"]["baseline"] == "uniform" and len(saved["runs"]) == 6
 
 
-def test_statistics_on_crafted_numbers():
-    assert mean_interval([]) == {"mean": None, "low": None, "high": None, "n": 0}
-    assert mean_interval([2.0]) == {"mean": 2.0, "low": None, "high": None, "n": 1}
-    seeds = paired_difference([1.0, 2.0, 3.0], [2.0, 3.5, 4.0])
-    assert seeds["delta"] == pytest.approx(7 / 6) and seeds["low"] < seeds["delta"] < seeds["high"]
-    assert 0 < seeds["p_value"] < 0.1
-    # Pairs with a missing value are dropped; whole problems are resampled together.
-    problems = paired_difference([0, 0, None, 1], [1, 1, 1, 1], clusters=[0, 0, 1, 1])
-    assert problems["n"] == 3 and problems["delta"] == pytest.approx(2 / 3)
-    with pytest.raises(ValueError, match="pair up"):
-        paired_difference([1, 2], [1])
-    assert summarize([])["policies"] == {}
+def test_run_outcomes_and_a_missing_baseline():
+    run = crafted_run("soft", 0, [True, False], [0.5, None], 1.0)
+    outcomes = run_outcomes(run).metrics
+    assert list(outcomes["accuracy"]) == [1.0, 0.0] and "on_policy_divergence" not in outcomes  # one is missing
+    assert list(outcomes["step_seconds"]) == [1.0]
+    # Without a uniform run the first policy given is the baseline.
+    runs = [crafted_run(p, 0, [True, False], [0.5, 0.5], 1.0) for p in ("soft", "rock_freeze")]
+    assert summarize(runs, order=["rock_freeze", "soft"], n_resamples=100).baseline == "rock_freeze"
+    with pytest.raises(ValueError, match="No finished run"):
+        summarize([])
 
 
 @pytest.mark.parametrize("module", ["arguments", "compute", "measures", "runner", "summary"])
