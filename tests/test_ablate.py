@@ -8,7 +8,8 @@ import torch
 import yaml
 
 from hf_rockopd.ablate import runner
-from hf_rockopd.ablate.arguments import AblateArguments, parse_arguments
+from hf_rockopd.ablate.arguments import AblateArguments
+from hf_rockopd.ablate.runner import parse_arguments
 from hf_rockopd.ablate.summary import load_runs, run_outcomes, summarize, write_summary
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 

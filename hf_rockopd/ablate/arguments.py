@@ -1,4 +1,4 @@
-"""The options of `hf-rockopd ablate` ([`AblateArguments`]) and their parser (with the training config, as `distill`).
+"""The options of `hf-rockopd ablate` ([`AblateArguments`]); the command parses them with the training config.
 
 The budget of every run is the training config's: `--max_steps` steps per run, `--per_device_train_batch_size`,
 `--learning_rate`, `--max_new_tokens` and so on, identical for every policy. What is ablation-specific (policies,
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -210,28 +208,3 @@ def check_training_budget(args: RockOPDConfig) -> None:
 def training_fingerprint(args: RockOPDConfig) -> dict[str, Any]:
     """The training config's values of `BUDGET_FIELDS`, JSON-ready."""
     return {name: json.loads(json.dumps(getattr(args, name, None), default=str)) for name in BUDGET_FIELDS}
-
-
-def build_parser():
-    """The `TrlParser` of `hf-rockopd ablate`: [`AblateArguments`] then [`RockOPDConfig`], ablation defaults set."""
-    from trl import TrlParser
-
-    parser = TrlParser((AblateArguments, RockOPDConfig), prog="hf-rockopd ablate")
-    parser.set_defaults(**DEFAULT_TRAINING_ARGS)
-    return parser
-
-
-def parse_arguments(argv: Sequence[str] | None = None) -> tuple[AblateArguments, RockOPDConfig]:
-    """Parse `hf-rockopd ablate` options (flags, and a YAML file given with `--config`; flags win).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.ablate.arguments import parse_arguments
-    >>> ablate, args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1", "--max_steps", "4"])
-    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir
-    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate')
-    ```
-    """
-    ablate, args = build_parser().parse_args_and_config(list(sys.argv[1:] if argv is None else argv))
-    check_training_budget(args)
-    return ablate, args

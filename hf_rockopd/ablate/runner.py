@@ -40,19 +40,25 @@ from transformers.utils import logging
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
 from ..analysis import collect_token_table, load_token_table, score_token_table
+from ..commands.parsing import Command
 from ..config import RockOPDConfig
 from ..distill import load_gsm8k_split
 from ..evaluation import evaluate_gsm8k, load_gsm8k_problems
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
 from ..rock_set import load_rock_set
-from .arguments import AblateArguments, parse_arguments, training_fingerprint
+from .arguments import (
+    DEFAULT_TRAINING_ARGS,
+    AblateArguments,
+    check_training_budget,
+    training_fingerprint,
+)
 from .compute import train_copy
 from .measures import problem_quality, run_quality
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["RESULT_NAME", "main", "run_ablation", "run_directory"]
+__all__ = ["ABLATE", "COMMANDS", "RESULT_NAME", "main", "parse_arguments", "run_ablation", "run_directory"]
 
 RESULT_NAME = "result.json"
 RESULT_FORMAT = "hf_rockopd.ablate.run"
@@ -353,8 +359,6 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
     root = args.output_dir
     command = command or "run_ablation(...)"
     # Every input is checked before a model is loaded or a directory made: a typo costs seconds, not a teacher load.
-    from .arguments import check_training_budget
-
     check_training_budget(args)
     if ablate.rock_set is not None:
         load_rock_set(ablate.rock_set)
@@ -393,14 +397,44 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
     return {"trained": trained, "summary": summary}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hf-rockopd ablate`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ablate, args = parse_arguments(argv)
-    out = run_ablation(ablate, args, command=shlex.join(["hf-rockopd", "ablate", *argv]))
+def ablate(ablate_args: AblateArguments, args: RockOPDConfig, *, argv: list[str]) -> int:
+    """Run `hf-rockopd ablate` and print the summary table and where its files are."""
+    out = run_ablation(ablate_args, args, command=shlex.join(["hf-rockopd", "ablate", *argv]))
     summary = out["summary"]
-    print(f"\ntrained {len(out['trained'])} run(s); skipped the finished ones.\n")
+    print(f"\ntrained {len(out['trained'])} run(s); finished ones are skipped.\n")
     print(summary["markdown"])
     for name, path in summary["files"].items():
-        print(f"{name + ':':9s}{path}")
+        print(f"{name + ':':7s}{path}")
     return 0
+
+
+ABLATE = Command(
+    "ablate",
+    "the paper's token-policy ablation: policies x seeds at one budget, resumable, compared with uniform",
+    (AblateArguments, RockOPDConfig),
+    ablate,
+    defaults=DEFAULT_TRAINING_ARGS,
+    with_argv=True,
+)
+COMMANDS = (ABLATE,)
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> tuple[AblateArguments, RockOPDConfig]:
+    """Parse `hf-rockopd ablate` options (flags, and a YAML file given with `--config`; flags win).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.ablate.runner import parse_arguments
+    >>> ablate, args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1", "--max_steps", "4"])
+    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir
+    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate')
+    ```
+    """
+    ablate_args, args = ABLATE.parse(list(sys.argv[1:] if argv is None else argv))
+    check_training_budget(args)
+    return ablate_args, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hf-rockopd ablate` (options as in [`parse_arguments`]); the dispatcher runs `ABLATE`."""
+    return ABLATE(list(sys.argv[1:] if argv is None else argv))
