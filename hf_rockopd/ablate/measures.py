@@ -11,32 +11,30 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..quality import (
-    find_loop,
-    is_finished,
-    repeated_ngram_fraction,
-    strip_stop,
-    text_quality,
-)
+from ..quality import completion_quality, text_quality
 
 
 # ------------------------------------------------------------------------------------------- text quality ----
 def problem_quality(ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
-    """The quality flags of one completion (generated ids): `looped`, `finished`, `repeated_ngram_fraction`.
+    """One completion's outcomes (generated ids), JSON-ready: `looped`, `finished`, `clipped`,
+    `repeated_ngram_fraction` (None under 4 tokens) and `length` (before the stop id).
 
     Example:
     ```python
     >>> from hf_rockopd.ablate.measures import problem_quality
-    >>> problem_quality([4, 5, 6] * 6, stop_ids=[2], max_new_tokens=18)["looped"]
-    True
+    >>> q = problem_quality([4, 5, 6] * 6, stop_ids=[2], max_new_tokens=18)
+    >>> q["looped"], q["finished"], q["repeated_ngram_fraction"]
+    (True, False, 0.8)
     ```
     """
-    text = strip_stop(ids, stop_ids)
-    repeated = repeated_ngram_fraction(text)
+    q = completion_quality(ids, stop_ids, max_new_tokens)
+    repeated = q["repeated_ngram_fraction"]
     return {
-        "looped": find_loop(text) is not None,
-        "finished": bool(is_finished(ids, stop_ids, max_new_tokens)),
+        "looped": bool(q["loop"]),
+        "finished": bool(q["finished"]),
+        "clipped": bool(q["clipped"]),
         "repeated_ngram_fraction": None if math.isnan(repeated) else float(repeated),
+        "length": int(q["length"]),
     }
 
 
