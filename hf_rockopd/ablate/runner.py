@@ -1,5 +1,15 @@
 """`hf-rockopd ablate`: the paper's policy ablation for any teacher-student pair, as one resumable command.
 
+```
+hf-rockopd ablate --teacher Qwen/Qwen2.5-Coder-1.5B-Instruct --student Qwen/Qwen2.5-Coder-0.5B-Instruct \
+    --dataset gsm8k/train.jsonl --policies uniform rock_freeze random_matched rock_online soft --seeds 0 1 2 \
+    --protocol warm_start --warm_start_steps 20 --max_steps 20 --num_eval_problems 32 --output_dir runs/ablate
+```
+
+Rerun the same command after an interruption: finished runs are skipped, the warm start is loaded (or its training
+resumed from its last checkpoint), and the summary is rewritten from every finished run. Adding seeds or policies
+to a rerun extends the ablation; changing the budget is refused.
+
 Layout of `--output_dir` (every file is written to a temporary name and renamed, so a killed run leaves none half
 written):
 
