@@ -18,9 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .stats import AblationStats, RunOutcomes, ablation_stats, ablation_table
+from .stats import (
+    AblationStats,
+    PolicySummary,
+    RunOutcomes,
+    ablation_stats,
+    ablation_table,
+    seed_interval,
+)
 
-__all__ = ["METRICS", "Metric", "load_runs", "run_outcomes", "summarize", "write_summary"]
+__all__ = ["METRICS", "AblationSummary", "Metric", "load_runs", "run_outcomes", "summarize", "write_summary"]
 
 RESULT_FORMAT = "hf_rockopd.ablate.run"
 
@@ -101,13 +108,42 @@ def run_outcomes(run: dict[str, Any]) -> RunOutcomes:
     return RunOutcomes(run["policy"], int(run["seed"]), metrics)
 
 
+@dataclass(frozen=True)
+class AblationSummary:
+    """The statistics of an ablation (`stats.AblationStats`) and the run-level metrics left untested.
+
+    A run-level metric (distinct-2, the compute) is one value per run: with fewer than two seeds paired with the
+    baseline there is nothing to test it against (a bootstrap of one value would call any difference certain), so it
+    is only summarized (`untested`), not compared.
+    """
+
+    stats: AblationStats
+    untested: tuple[PolicySummary, ...] = ()
+
+    def summary(self, policy: str, metric: str) -> PolicySummary:
+        """The summary of one policy and metric, tested or not (`KeyError` if absent)."""
+        for item in self.untested:
+            if (item.policy, item.metric) == (policy, metric):
+                return item
+        return self.stats.summary(policy, metric)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Every summarized metric, tested first."""
+        return (*self.stats.metrics, *dict.fromkeys(item.metric for item in self.untested))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict: the stats' and the untested summaries."""
+        return {**self.stats.to_dict(), "untested_summaries": [item.to_dict() for item in self.untested]}
+
+
 def summarize(
     runs: Sequence[dict[str, Any]],
     baseline: str = "uniform",
     order: Sequence[str] | None = None,
     confidence: float = 0.95,
     n_resamples: int = 10_000,
-) -> AblationStats:
+) -> AblationSummary:
     """`stats.ablation_stats` of the runs, on every metric all of them have; policies in `order` after the baseline.
 
     Without a `baseline` run the first policy (in `order`) is the baseline.
@@ -119,7 +155,7 @@ def summarize(
     ...          "problems": [{"index": 0, "correct": a}, {"index": 1, "correct": True}]}
     ...         for p, s, a in [("uniform", 0, 1), ("uniform", 1, 1), ("soft", 0, 0), ("soft", 1, 0)]]
     >>> s = summarize(runs, n_resamples=200)
-    >>> s.summary("soft", "accuracy").mean, s.difference("soft", "accuracy").delta
+    >>> s.summary("soft", "accuracy").mean, s.stats.difference("soft", "accuracy").delta
     (0.5, -0.5)
     ```
     """
@@ -131,22 +167,49 @@ def summarize(
         baseline = ranked[0]
     ranked = sorted(ranked, key=lambda p: p != baseline)  # stable: the baseline first, the given order after it
     outcomes = [run_outcomes(r) for r in sorted(runs, key=lambda r: (ranked.index(r["policy"]), r["seed"]))]
-    available = [m.key for m in METRICS if all(m.key in o.metrics for o in outcomes)]
-    return ablation_stats(outcomes, baseline=baseline, metrics=available, confidence=confidence,
-                          n_resamples=n_resamples)  # fmt: skip
+    available = [m for m in METRICS if all(m.key in o.metrics for o in outcomes)]
+    seeds = {p: {o.seed for o in outcomes if o.policy == p} for p in ranked}
+    replicated = all(len(seeds[p] & seeds[baseline]) >= 2 for p in ranked if p != baseline)
+    tested = [m.key for m in available if m.problem_key is not None or replicated]
+    untested = [m.key for m in available if m.key not in tested]
+    stats = ablation_stats(outcomes, baseline=baseline, metrics=tested, confidence=confidence,
+                           n_resamples=n_resamples)  # fmt: skip
+    summaries = []
+    for policy in ranked:
+        for key in untested:
+            values = [(o.seed, float(o.metrics[key][0])) for o in outcomes if o.policy == policy]
+            mean, low, high = seed_interval([v for _, v in values], confidence)
+            summaries.append(PolicySummary(policy, key, tuple(s for s, _ in values), mean, low, high,
+                                           tuple(v for _, v in values)))  # fmt: skip
+    return AblationSummary(stats, tuple(summaries))
 
 
-def markdown(result: AblationStats, start: dict[str, Any] | None = None) -> str:
-    """The summary as Markdown: `stats.ablation_table`, the start weights' row, and what each metric is."""
-    level = round(result.confidence * 100)
+def _untested_table(result: AblationSummary) -> str:
+    keys = list(dict.fromkeys(item.metric for item in result.untested))
+    lines = ["| policy | seeds | " + " | ".join(keys) + " |", "| --- " * (2 + len(keys)) + "|"]
+    for policy in result.stats.policies:
+        cells = [f"{result.summary(policy, k).mean:.3f}" for k in keys]
+        lines.append(f"| {policy} | {len(result.summary(policy, keys[0]).seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(result: AblationSummary, start: dict[str, Any] | None = None) -> str:
+    """The summary as Markdown: `stats.ablation_table`, the untested run-level metrics, the start weights' row, and
+    what each metric is."""
+    level = round(result.stats.confidence * 100)
     parts = [
         (
-            f"Per policy: mean over seeds [{level} % t-interval]; then each policy − {result.baseline}, paired by "
+            f"Per policy: mean over seeds [{level} % t-interval]; then each policy − {result.stats.baseline}, paired by "
             "seed and problem (run-level metrics: by seed), with its interval, p and Benjamini-Hochberg q over every "
             "test below.\n"
         ),
-        ablation_table(result),
+        ablation_table(result.stats),
     ]
+    if result.untested:
+        parts += [
+            "\nRun-level metrics with fewer than 2 seeds paired with the baseline: means only, not tested.\n",
+            _untested_table(result),
+        ]
     if start is not None:
         values = [f"{m.key} {start[m.key]:.3f}" for m in METRICS if _finite(start.get(m.key))]
         parts.append(f"\nStart weights of every run (reference, not compared): {', '.join(values)}.")
@@ -162,7 +225,7 @@ def markdown(result: AblationStats, start: dict[str, Any] | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _plot(result: AblationStats, path: str) -> str | None:
+def _plot(result: AblationSummary, path: str) -> str | None:
     """Quality against compute: accuracy, loop rate and a divergence against the mean step time, one point a policy."""
     import matplotlib
 
@@ -184,7 +247,7 @@ def _plot(result: AblationStats, path: str) -> str | None:
     markers = "osD^vP*Xh<>p"
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4), constrained_layout=True, squeeze=False)
     for ax, (key, label) in zip(axes[0], panels):
-        for i, policy in enumerate(result.policies):
+        for i, policy in enumerate(result.stats.policies):
             x, y = result.summary(policy, "step_seconds"), result.summary(policy, key)
             ax.errorbar(x.mean, y.mean, xerr=_error(x, bounds["step_seconds"]), yerr=_error(y, bounds.get(key)),
                         fmt=markers[i % len(markers)], markersize=7, capsize=3, color=f"C{i}", label=policy,
@@ -196,7 +259,7 @@ def _plot(result: AblationStats, path: str) -> str | None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(
-        f"Quality against compute per policy (mean over seeds, {round(result.confidence * 100)} % interval "
+        f"Quality against compute per policy (mean over seeds, {round(result.stats.confidence * 100)} % interval "
         "clipped to the range)"
     )
     fig.savefig(path, dpi=120)
@@ -218,7 +281,7 @@ def _error(summary: Any, bounds: tuple[float | None, float | None] | None) -> li
 def write_summary(output_dir: str | os.PathLike, baseline: str = "uniform") -> dict[str, Any]:
     """Summarize every finished run of `output_dir` into `summary.json`, `summary.md` and `summary.png`.
 
-    Returns `{"stats": AblationStats, "markdown": str, "files": {"json": ..., "table": ..., "plot": ...}}`.
+    Returns `{"summary": AblationSummary, "markdown": str, "files": {"json": ..., "table": ..., "plot": ...}}`.
 
     Example:
     ```python
@@ -250,7 +313,7 @@ def write_summary(output_dir: str | os.PathLike, baseline: str = "uniform") -> d
     plot = _plot(result, os.path.join(root, "summary.png"))
     if plot is not None:
         files["plot"] = plot
-    return {"stats": result, "markdown": text, "files": files}
+    return {"summary": result, "markdown": text, "files": files}
 
 
 def _load(path: str) -> Any:
