@@ -94,6 +94,9 @@ def test_warm_start_end_to_end_then_resume(pair, tmp_path, monkeypatch, capsys):
         assert m["steps"] == 2 and m["step_seconds"] > 0 and m["loss_seconds"] > 0 and m["total_seconds"] > 0
         assert 0 < m["projected_rows"] <= m["completion_tokens"]
         assert run["trainer_policy"]["rock_policy"] == run["policy"]
+    # Every run was trained and evaluated as itself: not one scores its problems exactly as the start weights do.
+    start = [p["on_policy_divergence"] for p in json.loads((out / "start_eval.json").read_text())["problems"]]
+    assert all([p["on_policy_divergence"] for p in run["problems"]] != start for run in runs)
     by = {(r["policy"], r["seed"]): r for r in runs}
     assert by["uniform", 0]["metrics"]["projected_fraction"] == 1.0
     assert by["rock_freeze", 1]["rock_ids"] == rocks
@@ -130,6 +133,8 @@ def test_from_scratch_with_the_soft_policy(pair, tmp_path):
         "rock_normalization": "tokens",
     }
     assert soft["seed"] == 3 and soft["protocol"] == "from_scratch"
+    table = (out / "summary.md").read_text()
+    assert "means only, not tested" in table and "| soft | step_seconds |" not in table
 
 
 def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeypatch):
@@ -229,10 +234,11 @@ def test_summary_on_crafted_runs(tmp_path):
             path.write_text(json.dumps(run))
     (tmp_path / "start_eval.json").write_text(json.dumps({"metrics": {"accuracy": 0.25, "loop_rate": None}}))
     out = write_summary(tmp_path)
-    stats = out["stats"]
-    assert stats.policies == ("uniform", "rock_freeze")  # the baseline first
+    summary = out["summary"]
+    stats = summary.stats
+    assert stats.policies == ("uniform", "rock_freeze") and not summary.untested  # the baseline first
     # Teacher-forced divergence is not measured yet (None): left out, and said so.
-    assert "teacher_forced_divergence" not in stats.metrics and "accuracy" in stats.metrics
+    assert "teacher_forced_divergence" not in stats.metrics and {"accuracy", "step_seconds"} <= set(stats.metrics)
     accuracy = stats.summary("rock_freeze", "accuracy")
     assert accuracy.mean == pytest.approx(0.4) and accuracy.seed_means == pytest.approx((0.4, 0.4, 0.4))
     step = stats.summary("uniform", "step_seconds")
@@ -257,8 +263,12 @@ def test_run_outcomes_and_a_missing_baseline():
     assert list(outcomes["accuracy"]) == [1.0, 0.0] and "on_policy_divergence" not in outcomes  # one is missing
     assert list(outcomes["step_seconds"]) == [1.0]
     # Without a uniform run the first policy given is the baseline.
-    runs = [crafted_run(p, 0, [True, False], [0.5, 0.5], 1.0) for p in ("soft", "rock_freeze")]
-    assert summarize(runs, order=["rock_freeze", "soft"], n_resamples=100).baseline == "rock_freeze"
+    runs = [crafted_run(p, 0, [True, False], [0.5, 0.5], 1.0 + (p == "soft")) for p in ("soft", "rock_freeze")]
+    summary = summarize(runs, order=["rock_freeze", "soft"], n_resamples=100)
+    assert summary.stats.baseline == "rock_freeze"
+    # One seed: a run-level metric is one number per policy, so it is summarized but not tested.
+    assert "step_seconds" not in summary.stats.metrics and "accuracy" in summary.stats.metrics
+    assert summary.summary("soft", "step_seconds").mean == 2.0 and "step_seconds" in summary.metrics
     with pytest.raises(ValueError, match="No finished run"):
         summarize([])
 

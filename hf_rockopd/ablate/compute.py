@@ -94,8 +94,14 @@ class _MeteredTrainer(RockOPDTrainer):
 def train_copy(start: torch.nn.Module, teacher, tokenizer, prompts, args, resume: str | None = None):
     """Train a fresh copy of `start` with `args`; returns the trainer and its meter."""
     meter = ComputeMeter()
+    model = copy.deepcopy(start)
+    if "forward" in vars(model):
+        # A model that went through a TRL trainer carries an instance `forward` (its fused-head patch) closing over
+        # the *original* object: the copy would compute with the original's weights. Drop it; the new trainer
+        # patches the copy itself.
+        del model.forward
     trainer = _MeteredTrainer(
-        model=copy.deepcopy(start),
+        model=model,
         teacher_model=teacher,
         args=args,
         train_dataset=prompts,

@@ -133,7 +133,7 @@ def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, a
     model_dir, done = os.path.join(directory, "model"), os.path.join(directory, "warm_start.json")
     if os.path.isfile(done):
         logger.warning(f"Warm start found in {model_dir}; loading it.")
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=student.dtype), _read_json(done)
+        return _load_start(model_dir, student), _read_json(done)
     trainer_dir = os.path.join(directory, "trainer")
     save_steps = ablate.warm_start_save_steps
     warm_args = replace(
@@ -161,8 +161,17 @@ def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, a
     }
     _write_json(done, info)
     shutil.rmtree(trainer_dir, ignore_errors=True)  # optimizer checkpoints are only needed until the model is saved
-    del trainer
-    return model, info
+    del trainer, model
+    gc.collect()
+    # The runs start from the saved copy, never from the trained object: TRL's trainer replaced that object's
+    # `forward` with a closure over the object itself, so a deep copy of it would generate (and be evaluated) with the
+    # warm start's weights whatever the copy learns. Reloading also makes a first invocation and a resumed one start
+    # from the very same weights.
+    return _load_start(model_dir, student), info
+
+
+def _load_start(model_dir: str, student: torch.nn.Module) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=student.dtype)
 
 
 # ------------------------------------------------------------------------------------------------- rocks ----
