@@ -17,6 +17,7 @@ from ..config import RockOPDConfig
 from ..models import SMOLLM2_ID
 from ..policies import available_policies
 
+
 # The policies of the paper's ablation, by the name a run directory and the summary use. `soft` is `rock_freeze` with
 # the rocks weighted `soft_weight` (not 0) and `rock_normalization="tokens"`; any other registered policy name may be
 # listed too (its options from `policy_kwargs`).

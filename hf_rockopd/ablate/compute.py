@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 # The trainer, from the rest of the package (a reorganization changes this line only).
 from ..trainer import RockOPDTrainer
 
+
 __all__ = ["ComputeMeter", "train_copy"]
 
 

@@ -49,11 +49,12 @@ from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
-from ..analysis import collect_token_table, load_token_table, score_token_table
 from ..commands.parsing import Command
 from ..config import RockOPDConfig
 from ..distill import load_gsm8k_split
-from ..evaluation import evaluate_gsm8k, load_gsm8k_problems
+from ..evaluation import evaluate_gsm8k
+from ..gsm8k import load_gsm8k_problems
+from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
 from ..rock_set import load_rock_set
@@ -65,6 +66,7 @@ from .arguments import (
 )
 from .compute import train_copy
 from .measures import problem_quality, run_quality
+
 
 logger = logging.get_logger(__name__)
 
