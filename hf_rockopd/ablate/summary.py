@@ -255,8 +255,13 @@ def _plot(result: AblationSummary, path: str) -> str | None:
                         alpha=0.85)  # fmt: skip
         ax.set_xlabel("seconds per optimizer step (mean over seeds)")
         ax.set_ylabel(label)
-        ax.set_xlim(left=0)
-        ax.set_ylim(bottom=-0.02 if key in bounds else 0.0)  # every measure here is >= 0; shares show their 0
+        # Every measure here is >= 0: axes start at 0 (shares a little below, so a 0 shows), with room at the top.
+        ax.autoscale_view()
+        right = ax.get_xlim()[1]
+        ax.set_xlim(0, right * 1.08)
+        bottom = -0.02 if key in bounds else 0.0
+        top = max(ax.get_ylim()[1], bottom + 0.05)
+        ax.set_ylim(bottom, top + 0.08 * (top - bottom))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(
