@@ -182,6 +182,7 @@ def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeyp
         (["--dataset", "no/such/file.jsonl"], FileNotFoundError, "does not exist"),
         (["--num_train_prompts", "100"], ValueError, r"= 104 but .* has 24 rows"),
         (["--policies", "rock_online", "--policy_kwargs", '{"rock_online": {"nope": 1}}'], ValueError, "'nope'"),
+        (["--policies", "soft", "--policy_kwargs", '{"soft": {"weight": -1}}'], ValueError, "weight"),
     ],
 )
 def test_bad_arguments_fail_before_models_and_leave_no_directory(pair, tmp_path, no_training, extra, error, message):

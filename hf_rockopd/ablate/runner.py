@@ -180,8 +180,7 @@ def _load_start(model_dir: str, student: torch.nn.Module) -> torch.nn.Module:
 def _find_rocks(start, teacher, tokenizer, prompts, ablate: AblateArguments, args: RockOPDConfig, root: str):
     """The lab's `collect` + `score` on the start weights: `rocks/rock_set.json` and `rocks/reference_counts.json`."""
     directory = os.path.join(root, "rocks")
-    rock_path = os.path.join(directory, "rock_set.json")
-    counts_path = os.path.join(directory, "reference_counts.json")
+    rock_path, counts_path = _rock_paths(root)
     if os.path.isfile(rock_path) and os.path.isfile(counts_path):
         return rock_path, counts_path
     table_dir = os.path.join(directory, "table")
@@ -210,6 +209,10 @@ def _find_rocks(start, teacher, tokenizer, prompts, ablate: AblateArguments, arg
         shutil.copyfile(ablate.rock_set, rock_path)
     _write_json(counts_path, {"counts": {str(i): int(counts[i]) for i in counts.nonzero()[0]}})
     return rock_path, counts_path
+
+
+def _rock_paths(root: str) -> tuple[str, str]:
+    return os.path.join(root, "rocks", "rock_set.json"), os.path.join(root, "rocks", "reference_counts.json")
 
 
 # -------------------------------------------------------------------------------------------- the policies ----
@@ -387,9 +390,11 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
         ablate.dataset, ablate.num_train_prompts, ablate.num_eval_problems, seed=ablate.split_seed,
         config=ablate.dataset_config,
     )
-    for policy in ablate.policies:  # options of policies that need no rock set are checked now
-        if policy not in ("rock_freeze", "soft", "random_matched"):
-            replace(args, **policy_settings(policy, ablate, args, 0, None))
+    # Every policy's options are checked now, with the paths its rock set will have (the options check types and
+    # ranges, not files), so a bad --policy_kwargs value fails before the teacher loads.
+    rocks_to_be = _rock_paths(root) if ablate.needs_rocks() else None
+    for policy in ablate.policies:
+        replace(args, **policy_settings(policy, ablate, args, 0, rocks_to_be))
     # Seed by seed; the policy order rotates with the seed, so no policy is always the first run of a process (which
     # pays for warm-up) or always the one running beside the same background load.
     order = [
