@@ -76,6 +76,7 @@ def test_warm_start_end_to_end_then_resume(pair, tmp_path, monkeypatch, capsys):
 
     # The warm start is one saved checkpoint; runs keep results only (no weights), each in its own directory.
     assert (out / "warm_start" / "warm_start.json").is_file() and (out / "warm_start" / "model").is_dir()
+    assert (out / "teacher_reference.json").is_file()
     assert not (out / "warm_start" / "trainer").exists()
     assert not [f for f in (out / "runs").rglob("*") if f.suffix in (".safetensors", ".bin", ".pt")]
     rocks = json.loads((out / "rocks" / "rock_set.json").read_text())["token_ids"]
@@ -88,7 +89,8 @@ def test_warm_start_end_to_end_then_resume(pair, tmp_path, monkeypatch, capsys):
         assert {"correct", "on_policy_divergence", "looped", "finished", "teacher_forced_divergence"} <= set(
             run["problems"][0]
         )
-        assert m["teacher_forced_divergence"] is None  # the hook, until evaluation returns it
+        assert m["teacher_forced_divergence"] > 0  # scored on the teacher's cached completions
+        assert all(p["teacher_forced_divergence"] is not None for p in run["problems"])
         assert 0 <= m["accuracy_low"] <= m["accuracy"] <= m["accuracy_high"] <= 1
         assert m["on_policy_divergence"] >= 0 and 0 <= m["loop_rate"] <= 1 and 0 <= m["finished_rate"] <= 1
         assert m["steps"] == 2 and m["step_seconds"] > 0 and m["loss_seconds"] > 0 and m["total_seconds"] > 0

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
-from ..config import RockOPDConfig
 from ..models import SMOLLM2_ID
 from ..policies import available_policies
+from ..trainers import RockOPDConfig
 
 
 # The policies of the paper's ablation, by the name a run directory and the summary use. `soft` is `rock_freeze` with

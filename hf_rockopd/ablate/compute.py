@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 # The trainer, from the rest of the package (a reorganization changes this line only).
-from ..trainer import RockOPDTrainer
+from ..trainers import RockOPDTrainer
 
 
 __all__ = ["ComputeMeter", "train_copy"]

@@ -20,6 +20,7 @@ warm_start/warm_start.json       written last: the warm start is done
 rocks/table/                     the lab's token table on the start weights (collect)
 rocks/rock_set.json              the rocks selected on it (score); rock_freeze, soft and random_matched use them
 rocks/reference_counts.json      token frequencies of that table, to which random_matched matches its control
+teacher_reference.json           the teacher's completions of the held-out problems (teacher-forced divergence)
 start_eval.json                  the held-out evaluation of the start weights (reference, not compared)
 runs/<policy>/seed_<seed>/result.json   written last: the run is done and skipped on rerun
 summary.json, summary.md, summary.png   `hf_rockopd.ablate.summary`
@@ -50,7 +51,6 @@ from transformers.utils import logging
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
 from ..commands.parsing import Command
-from ..config import RockOPDConfig
 from ..distill import load_gsm8k_split
 from ..evaluation import evaluate_gsm8k
 from ..gsm8k import load_gsm8k_problems
@@ -58,6 +58,8 @@ from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
 from ..rock_set import load_rock_set
+from ..teacher_reference import load_or_build_teacher_reference
+from ..trainers import RockOPDConfig
 from .arguments import (
     DEFAULT_TRAINING_ARGS,
     AblateArguments,
@@ -255,13 +257,15 @@ def policy_settings(
 
 
 # ----------------------------------------------------------------------------------------------- evaluation ----
-def _evaluate(model, teacher, tokenizer, problems, ablate: AblateArguments, args: RockOPDConfig, rock_set) -> dict:
-    """Held-out evaluation with per-problem outcomes: correct, on-policy divergence, loop and finished flags."""
+def _evaluate(model, teacher, tokenizer, problems, reference, ablate, args: RockOPDConfig, rock_set) -> dict:
+    """Held-out evaluation with per-problem outcomes: correct, on-policy and teacher-forced divergence, loop and
+    finished flags. `reference` is the teacher's completions of the problems, made once for every run."""
     started = time.perf_counter()
     model = model.to(_device_of(teacher))
     result = evaluate_gsm8k(
-        model, tokenizer, problems, teacher=teacher, rock_ids=rock_set, max_new_tokens=ablate.eval_max_new_tokens,
-        batch_size=ablate.eval_batch_size, beta=args.beta, temperature=args.loss_temperature, show_progress=False,
+        model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=rock_set,
+        max_new_tokens=ablate.eval_max_new_tokens, batch_size=ablate.eval_batch_size, beta=args.beta,
+        temperature=args.loss_temperature, show_progress=False,
     )
     stop_ids = eos_token_ids(tokenizer, model)
     lengths = [r["num_tokens"] for r in result.records]
@@ -291,12 +295,8 @@ def _evaluate(model, teacher, tokenizer, problems, ablate: AblateArguments, args
 
 
 def _teacher_forced(source: Any) -> float | None:
-    """HOOK (issue 18, item 2): the teacher-forced divergence on the teacher's own completions.
-
-    The lead is adding it to `hf_rockopd.evaluation`; once `EvalResult` (run level) and its records (per problem)
-    carry `teacher_forced_divergence`, it is copied from there, and the summary compares it like every other metric.
-    Until then it is None everywhere.
-    """
+    """The teacher-forced divergence on the teacher's own completions, as the evaluation returns it: `EvalResult`'s
+    at run level, its records' per problem (None where the evaluation had no teacher reference)."""
     value = source.get("teacher_forced_divergence") if isinstance(source, dict) else getattr(
         source, "teacher_forced_divergence", None
     )
@@ -328,7 +328,7 @@ def _check_settings(root: str, ablate: AblateArguments, args: RockOPDConfig, com
     _write_json(path, {**settings, "policies": policies, "seeds": seeds, "command": command})
 
 
-def _run_one(policy, seed, start, teacher, tokenizer, train, problems, ablate, args, rocks) -> dict[str, Any]:
+def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks) -> dict:
     started = time.perf_counter()
     directory = run_directory(args.output_dir, policy, seed)
     settings = policy_settings(policy, ablate, args, seed, rocks)
@@ -339,7 +339,7 @@ def _run_one(policy, seed, start, teacher, tokenizer, train, problems, ablate, a
     trainer, meter = train_copy(start, teacher, tokenizer, train, run_args)
     train_seconds = time.perf_counter() - started
     model = trainer.accelerator.unwrap_model(trainer.model)
-    evaluation = _evaluate(model, teacher, tokenizer, problems, ablate, args, rocks[0] if rocks else None)
+    evaluation = _evaluate(model, teacher, tokenizer, problems, reference, ablate, args, rocks[0] if rocks else None)
     result = {
         "format": RESULT_FORMAT,
         "policy": policy,
@@ -412,12 +412,18 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root)
         rocks = _find_rocks(start, teacher, tokenizer, train, ablate, args, root) if ablate.needs_rocks() else None
+        # The teacher's completions of the held-out problems, generated once and cached: every run is scored on them.
+        reference = load_or_build_teacher_reference(
+            os.path.join(root, "teacher_reference.json"), teacher, tokenizer, problems, teacher_name=ablate.teacher,
+            max_new_tokens=ablate.eval_max_new_tokens, batch_size=ablate.eval_batch_size,
+        )
         start_eval = os.path.join(root, "start_eval.json")
         if not os.path.isfile(start_eval):
-            _write_json(start_eval, _evaluate(start, teacher, tokenizer, problems, ablate, args, rocks and rocks[0]))
+            start_result = _evaluate(start, teacher, tokenizer, problems, reference, ablate, args, rocks and rocks[0])
+            _write_json(start_eval, start_result)
         for index, (policy, seed) in enumerate(pending):
             logger.warning(f"Run {index + 1}/{len(pending)}: policy {policy}, seed {seed}.")
-            _run_one(policy, seed, start, teacher, tokenizer, train, problems, ablate, args, rocks)
+            _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks)
             trained.append((policy, seed))
     summary = write_summary(root)
     return {"trained": trained, "summary": summary}
