@@ -260,7 +260,7 @@ def _plot(result: AblationSummary, path: str) -> str | None:
         right = ax.get_xlim()[1]
         ax.set_xlim(0, right * 1.08)
         bottom = -0.02 if key in bounds else 0.0
-        top = max(ax.get_ylim()[1], bottom + 0.05)
+        top = max(ax.get_ylim()[1], 0.05) if key in bounds else ax.get_ylim()[1]  # a share of 0 gets a visible axis
         ax.set_ylim(bottom, top + 0.08 * (top - bottom))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best")
