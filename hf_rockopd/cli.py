@@ -15,6 +15,7 @@ hf-rockopd eval --model S --teacher T --problems gsm8k.jsonl --limit 32 --tail -
 hf-rockopd analyze report tables/early --rock_set rock_set.json --knockout knockout.csv --out report/
 hf-rockopd card runs/smollm2-rockopd --model_id me/smollm2-rockopd
 hf-rockopd distill --config examples/configs/distill_smollm2.yaml
+hf-rockopd ablate --teacher T --student S --dataset gsm8k.jsonl --policies uniform rock_freeze --seeds 0 1 2 --output_dir runs/ablate
 ```
 
 This module only dispatches: a subcommand's options and the function that runs it are a
@@ -31,7 +32,7 @@ from .commands.parsing import Command
 
 # First word of a subcommand -> its module in hf_rockopd.commands. Imported on use, so that `analyze score` does not
 # import the trainer's configuration (trl.experimental) that `distill` needs.
-MODULES = {"analyze": "lab", "eval": "evaluate", "card": "card", "distill": "distill"}
+MODULES = {"analyze": "lab", "eval": "evaluate", "card": "card", "distill": "distill", "ablate": "ablate"}
 
 
 def commands(first_word: str | None = None) -> dict[str, Command]:
