@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from hf_rockopd import models
+from hf_rockopd.models import resolve as models  # the resolver looks its GGUF helpers up here
 from hf_rockopd.models import (
     SMOLLM2_ID,
     ModelNotFoundError,
