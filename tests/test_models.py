@@ -451,10 +451,10 @@ def test_real_qwen_pair_resolves_offline_and_answers(monkeypatch):
 
 def test_the_qwen_example_config_names_the_offline_pair():
     """examples/configs/distill_qwen.yaml (`make distill-qwen`) parses, and both of its models have an offline source."""
-    from hf_rockopd.distill import parse_arguments
+    from hf_rockopd.commands.distill import parse_arguments
 
     config = os.path.join(os.path.dirname(__file__), "..", "examples", "configs", "distill_qwen.yaml")
-    script, args = parse_arguments(["--config", config])
+    script, args, _ = parse_arguments(["--config", config])
     assert script.teacher == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and script.student == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert {script.teacher, script.student} <= set(GGUF_SOURCES)
     assert script.dataset == "../shared/data/gsm8k/train.jsonl" and args.max_steps > 0
