@@ -46,7 +46,7 @@ demo: $(STAMP)
 distill: $(STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_smollm2.yaml
 
-# The competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> Qwen2.5-Coder-0.5B-Instruct on GSM8K (README, "Offline models").
+# The competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> Qwen2.5-Coder-0.5B-Instruct on GSM8K.
 distill-qwen: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
 

@@ -98,7 +98,9 @@ def load_gguf_causal_lm(gguf_path: str, dtype: torch.dtype = torch.float32):
     # Tied embeddings: the head is the embedding matrix, so its key may be absent from the GGUF state dict.
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ValueError(f"{gguf_path}: state dict mismatch after rebuilding (missing {missing}, unexpected {unexpected}).")
+        raise ValueError(
+            f"{gguf_path}: state dict mismatch after rebuilding (missing {missing}, unexpected {unexpected})."
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     left_empty = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]

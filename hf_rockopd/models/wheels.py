@@ -49,8 +49,8 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> str:
     '/tmp/models'
     ```
     """
-    root = cache_dir or os.environ.get("HF_ROCKOPD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hf_rockopd")
-    return os.fspath(root)
+    default = os.path.join(os.path.expanduser("~"), ".cache", "hf_rockopd")
+    return os.fspath(cache_dir or os.environ.get("HF_ROCKOPD_CACHE") or default)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
