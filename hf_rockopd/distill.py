@@ -300,6 +300,7 @@ def _load_models(
         "base_model": base_name,
         "kept_layers": keep if pruned else None,
         "num_layers": len(keep),
+        "base_num_layers": total,
         "adapter": model_args.use_peft,
         "load_in_4bit": model_args.load_in_4bit,
     }
@@ -400,7 +401,7 @@ def run_distillation(
         tokenizer = teacher.tokenizer
         logger.warning(
             f"Teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
-            f"{student_info['num_layers']} of {teacher.model.config.num_hidden_layers} layers."
+            f"{student_info['num_layers']} of its base's {student_info['base_num_layers']} layers."
         )
 
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.

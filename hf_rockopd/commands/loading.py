@@ -44,15 +44,15 @@ def load_model(name: str, loading: LoadingArguments):
 
 
 def load_tokenizer(name: str):
-    """The tokenizer of a path or Hub id; offline, SmolLM2's comes with its GGUF (or the converted copy of it)."""
+    """The tokenizer of a path or Hub id; offline, a model of `GGUF_SOURCES` brings it with its GGUF (or converted copy)."""
     from transformers import AutoTokenizer
 
-    from ..models import SMOLLM2_ID, resolve_causal_lm
+    from ..models import GGUF_SOURCES, resolve_causal_lm
 
     try:
         return AutoTokenizer.from_pretrained(name)
     except OSError:
-        if name != SMOLLM2_ID:
+        if name not in GGUF_SOURCES:
             raise
         return resolve_causal_lm(name).tokenizer
 
