@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
@@ -48,16 +49,14 @@ class ResolvedModel:
     location: str
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
 def _looks_like_path(name: str) -> bool:
-    return (
-        name.startswith(("/", ".", "~"))
-        or name.endswith(".gguf")
-        or os.path.exists(name)
-        or not _HUB_ID.match(name)
-    )
+    if name.startswith(("/", ".", "~")) or name.endswith(".gguf") or os.path.exists(name) or "/" not in name:
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
 
 
 def converted_model_dir(repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
