@@ -391,7 +391,6 @@ def run_distillation(
 
     started = time.perf_counter()
     model_args = student_model_config(model_args)
-    os.makedirs(args.output_dir, exist_ok=True)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     train_prompts, held_out = load_gsm8k_split(
         script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
@@ -407,6 +406,8 @@ def run_distillation(
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
         check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
         problems = None if script.skip_eval else load_gsm8k_problems(held_out)
+        # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
+        os.makedirs(args.output_dir, exist_ok=True)
         before = after = reference = None
         if problems:
             logger.warning(f"The teacher's reference completions of {len(problems)} held-out problems.")

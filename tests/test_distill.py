@@ -312,3 +312,16 @@ def test_example_script_runs(tiny_run, monkeypatch, capsys):
     assert exit_code.value.code == 0
     assert "held-out divergence" in capsys.readouterr().out
     assert (tmp_path / "example" / "run_report.json").is_file()
+
+
+def test_bad_input_leaves_no_output_directory(tmp_path, tiny_run):
+    """A bad dataset, teacher or prompt fails without creating the output directory (issue 19)."""
+    _, script, args = tiny_run
+    out = tmp_path / "run"
+    with pytest.raises(FileNotFoundError):
+        run_distillation(script(dataset=str(tmp_path / "nope.jsonl")), args())
+    with pytest.raises(ModelNotFoundError):
+        run_distillation(script(teacher="./no/such/teacher"), args())
+    with pytest.raises(PromptTooLongError):
+        run_distillation(script(dataset=write_problems(tmp_path / "long.jsonl", long_question=True)), args(max_length=128))
+    assert not out.exists()
