@@ -124,6 +124,17 @@ def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
             m.train(state)
 
 
+class _Progress:
+    """A logits processor that only moves a progress bar by one token per row at each decoding step."""
+
+    def __init__(self, bar: Any, rows: int) -> None:
+        self.bar, self.rows = bar, rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.bar.update(self.rows)
+        return scores
+
+
 @torch.no_grad()
 def generate_completions(
     model: torch.nn.Module,
@@ -159,6 +170,7 @@ def generate_completions(
     ```
     """
     from tqdm.auto import tqdm
+    from transformers import LogitsProcessorList
 
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
@@ -166,8 +178,13 @@ def generate_completions(
     device = next(model.parameters()).device
     prompt_ids: list[list[int]] = []
     completion_ids: list[list[int]] = []
-    with eval_mode(model):
-        for start in tqdm(range(0, len(prompts), batch_size), desc="generate", disable=not show_progress):
+    # Progress in token slots (prompts x max_new_tokens), moved at every decoding step: a bar per batch sat at 0 for
+    # minutes on a CPU (issue 19). A batch that stops early jumps to its end.
+    bar = tqdm(total=len(prompts) * max_new_tokens, desc="generate", unit="tok", disable=not show_progress)
+    with eval_mode(model), bar:
+        for start in range(0, len(prompts), batch_size):
+            rows = len(prompts[start : start + batch_size])
+            slots_before = bar.n
             texts = _prompt_texts(tokenizer, prompts[start : start + batch_size])
             # Left padding, so every completion starts at the same column.
             padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
@@ -187,7 +204,9 @@ def generate_completions(
                 eos_token_id=eos_ids or None,
                 # A ban: the token's logit is -inf at every step (transformers' SuppressTokensLogitsProcessor).
                 suppress_tokens=list(suppress_tokens) if suppress_tokens else None,
+                logits_processor=LogitsProcessorList([_Progress(bar, rows)]) if show_progress else None,
             )
+            bar.update(slots_before + rows * max_new_tokens - bar.n)
             prompt_len = enc["input_ids"].shape[1]
             for row, mask in zip(sequences.cpu(), enc["attention_mask"].cpu()):
                 prompt_ids.append(row[:prompt_len][mask.bool()].tolist())

@@ -75,3 +75,30 @@ def test_one_answer_tolerance():
     assert not is_correct(72.0 + 10 * ANSWER_ABS_TOL, 72.0) and not is_correct(None, 72.0)
     # The relative tolerance takes over only past 1,000.
     assert is_correct(1e9 + 0.5, 1e9) and not is_correct(1000.0 + 2e-6, 1000.0)
+
+
+def test_generation_progress_moves_per_token(monkeypatch):
+    """The bar counts token slots and moves at every decoding step, not once per batch (issue 19)."""
+    import tqdm.auto
+
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+    from hf_rockopd.rollout import generate_completions
+
+    bars = []
+
+    class Recorder(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+            self.n, self.updates = 0, []
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+            self.updates.append(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    tokenizer = build_tiny_tokenizer()
+    generate_completions(build_tiny_causal_lm(tokenizer), tokenizer, ["a", "b", "c"], max_new_tokens=5, batch_size=2)
+    (bar,) = bars
+    assert bar.total == 15 and bar.n == 15
+    assert len(bar.updates) >= 4  # several steps per batch, not one update per batch
