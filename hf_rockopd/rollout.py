@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .losses import per_token_divergence
-from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids
+from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 
 
 __all__ = [
@@ -261,19 +261,24 @@ def completion_logits(
     return logits[:, -keep:-1]
 
 
-# Student and teacher logits of a scoring forward are (rows, completion length, vocabulary) float32 each; with
-# SmolLM2's 49,152 ids, 2,048 positions are 0.4 GB per model (16 completions of 256 tokens would be 0.8 GB).
+# Student and teacher logits of a scoring forward are (rows, completion length, vocabulary) float32 each, and the
+# divergence makes several more of that size; with SmolLM2's 49,152 ids, 2,048 positions are 0.4 GB per tensor. The
+# budget is in logit entries, so a larger vocabulary gets fewer positions: at Qwen2.5's 151,936 ids a fixed 2,048
+# positions made the student evaluation peak at 21.2 GB (examples/reports/qwen_pair_baseline).
 _SCORE_POSITIONS = 2048
+_SCORE_ENTRIES = _SCORE_POSITIONS * 49_152
 
 
-def _score_chunks(completion_ids: Sequence[Sequence[int]], batch_size: int) -> list[tuple[int, int]]:
-    """`(start, stop)` row ranges of at most `batch_size` rows and, past one row, `_SCORE_POSITIONS` positions."""
+def _score_chunks(
+    completion_ids: Sequence[Sequence[int]], batch_size: int, max_positions: int = _SCORE_POSITIONS
+) -> list[tuple[int, int]]:
+    """`(start, stop)` row ranges of at most `batch_size` rows and, past one row, `max_positions` positions."""
     chunks, start = [], 0
     while start < len(completion_ids):
         stop, longest = start + 1, max(1, len(completion_ids[start]))
         while stop < len(completion_ids) and stop - start < batch_size:
             longest = max(longest, len(completion_ids[stop]))
-            if (stop - start + 1) * longest > _SCORE_POSITIONS:
+            if (stop - start + 1) * longest > max_positions:
                 break
             stop += 1
         chunks.append((start, stop))
@@ -312,7 +317,9 @@ def scored_chunks(
         raise ValueError(f"Got {len(prompt_ids)} prompts but {len(completion_ids)} completions; give one of each.")
     device = next(student.parameters()).device
     teacher_device = next(teacher.parameters()).device
-    for start, stop in tqdm(_score_chunks(completion_ids, batch_size), desc="score", disable=not show_progress):
+    max_positions = max(1, _SCORE_ENTRIES // vocab_size(student))
+    chunks = _score_chunks(completion_ids, batch_size, max_positions)
+    for start, stop in tqdm(chunks, desc="score", disable=not show_progress):
         completions = [list(c) for c in completion_ids[start:stop]]
         ids, mask, prompt_len = pack_completions(
             [list(p) for p in prompt_ids[start:stop]], completions, pad_token_id

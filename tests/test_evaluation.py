@@ -314,3 +314,16 @@ def test_quality_metrics_and_per_problem_records(tokenizer, student, teacher):
     assert result.teacher_accuracy is None and result.teacher_forced_divergence is None
     assert "teacher" not in result.table() and "0.500 [0.150, 0.850]" in result.table()
     assert result.to_dict()["finished_rate"] == 0.75 and json.dumps(result.to_dict(include_records=True))
+
+
+def test_scoring_chunks_shrink_with_the_vocabulary():
+    """The position budget is in logit entries: a 3x larger vocabulary scores about a third of the positions at once."""
+    from hf_rockopd.rollout import _SCORE_ENTRIES, _score_chunks
+
+    qwen_positions = _SCORE_ENTRIES // 151_936
+    assert 600 < qwen_positions < 700
+    lengths = [300] * 8
+    assert _score_chunks([[0] * n for n in lengths], batch_size=8) == [(0, 6), (6, 8)]  # SmolLM2's budget
+    assert _score_chunks([[0] * n for n in lengths], batch_size=8, max_positions=qwen_positions) == [
+        (0, 2), (2, 4), (4, 6), (6, 8)
+    ]
