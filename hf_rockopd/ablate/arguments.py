@@ -14,7 +14,8 @@ from typing import Any
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
 from ..models import SMOLLM2_ID
-from ..policies import available_policies
+from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
+from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
 
 
@@ -28,16 +29,8 @@ PROTOCOLS = ("warm_start", "from_scratch")
 
 # Training settings of `hf-rockopd ablate` that differ from TRL's (a YAML `--config` or any flag overrides them).
 DEFAULT_TRAINING_ARGS: dict[str, Any] = {
+    **_DISTILL_TRAINING_ARGS,  # the distill job's budget, so an ablation reproduces its runs by default
     "output_dir": "runs/ablate",
-    "max_steps": 20,
-    "per_device_train_batch_size": 4,
-    "learning_rate": 5e-5,
-    "lr_scheduler_type": "constant",
-    "max_new_tokens": 96,
-    "logging_steps": 1,
-    "save_strategy": "no",
-    "report_to": "none",
-    "gradient_checkpointing": False,
     "rock_policy": "uniform",
 }
 # Training fields that define a run's budget and objective: an output directory made with other values is refused,
@@ -168,15 +161,8 @@ class AblateArguments:
 
     def parsed_policy_kwargs(self) -> dict[str, dict[str, Any]]:
         """`policy_kwargs` as `{policy name: {option: value}}` (a `ValueError` names what is wrong)."""
-        value = self.policy_kwargs
-        if value is None or value == "":
-            return {}
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"policy_kwargs is not valid JSON: {value!r} ({err}).") from None
-        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        value = parse_policy_kwargs(self.policy_kwargs, name="policy_kwargs")
+        if not all(isinstance(v, dict) for v in value.values()):
             raise ValueError(f"policy_kwargs must be a JSON object of objects per policy name, got {value!r}.")
         extra = sorted(set(value) - set(self.policies))
         if extra:

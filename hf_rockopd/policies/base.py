@@ -306,8 +306,8 @@ def get_policy(name: str, **kwargs: Any) -> TokenPolicy:
     return cls(**kwargs) if config is None else cls(config=config)
 
 
-def parse_policy_kwargs(value: Mapping[str, Any] | str | None) -> dict[str, Any]:
-    """Accept a dict, a JSON object string, or None (no kwargs).
+def parse_policy_kwargs(value: Mapping[str, Any] | str | None, name: str = "rock_policy_kwargs") -> dict[str, Any]:
+    """Accept a dict, a JSON object string, or None (no kwargs); errors name the option `name`.
 
     Example:
     ```python
@@ -322,9 +322,9 @@ def parse_policy_kwargs(value: Mapping[str, Any] | str | None) -> dict[str, Any]
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise ValueError(f"rock_policy_kwargs is not valid JSON: {value!r} ({err}).") from err
+            raise ValueError(f"{name} is not valid JSON: {value!r} ({err}).") from err
     if not isinstance(value, Mapping):
-        raise ValueError(f"rock_policy_kwargs must be a dict or a JSON object, got {type(value).__name__}: {value!r}.")
+        raise ValueError(f"{name} must be a dict or a JSON object, got {type(value).__name__}: {value!r}.")
     return dict(value)
 
 
