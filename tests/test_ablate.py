@@ -52,8 +52,8 @@ def argv(pair, output_dir, *extra):
 
 
 def ablate(arguments):
-    a, args = parse_arguments(arguments)
-    return runner.run_ablation(a, args, command="hf-rockopd ablate --test")
+    a, args, model_args = parse_arguments(arguments)
+    return runner.run_ablation(a, args, command="hf-rockopd ablate --test", model_args=model_args)
 
 
 @pytest.fixture
@@ -139,6 +139,26 @@ def test_from_scratch_with_the_soft_policy(pair, tmp_path):
     assert "means only, not tested" in table and "| soft | step_seconds |" not in table
 
 
+def test_lora_runs_train_fresh_adapters_on_the_merged_warm_start(pair, tmp_path, monkeypatch):
+    out = tmp_path / "lora"
+    lora = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
+    result = ablate(argv(pair, out, "--policies", "uniform", "rock_online", "--seeds", "0", *lora))
+    assert sorted(result["trained"]) == [("rock_online", 0), ("uniform", 0)]
+    # The warm start's adapters were merged: its saved model is a plain causal LM, no adapter files.
+    saved = out / "warm_start" / "model"
+    assert (saved / "config.json").is_file() and not (saved / "adapter_config.json").exists()
+    settings = json.loads((out / "ablation.json").read_text())["training"]["lora"]
+    assert settings == {"r": 4, "alpha": 8, "dropout": 0.05, "target_modules": "all-linear"}
+    uniform = json.loads((out / "runs" / "uniform" / "seed_0" / "result.json").read_text())
+    assert uniform["lora"] == settings
+    start = [p["on_policy_divergence"] for p in json.loads((out / "start_eval.json").read_text())["problems"]]
+    assert [p["on_policy_divergence"] for p in uniform["problems"]] != start  # the adapters were trained
+    # Full fine-tuning in the same directory is other settings: refused before any model loads.
+    monkeypatch.setattr(runner, "_load_models", lambda *a: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=r"training.lora: \{'r': 4.* -> None"):
+        ablate(argv(pair, out, "--policies", "uniform", "--seeds", "0"))
+
+
 def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeypatch):
     from hf_rockopd.ablate import compute
 
@@ -180,6 +200,7 @@ def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeyp
         (["--policy_kwargs", "{nope"], ValueError, "policy_kwargs is not valid JSON"),
         (["--policy_kwargs", '{"soft": {"weight": 0.1}}', "--policies", "uniform"], ValueError, r"names \['soft'\]"),
         (["--max_steps", "-1"], ValueError, "max_steps must be >= 1"),
+        (["--load_in_4bit"], ValueError, "ablate trains full-precision students"),
         (["--rock_set", "no/such/rocks.json"], FileNotFoundError, None),
         (["--dataset", "no/such/file.jsonl"], FileNotFoundError, "does not exist"),
         (["--num_train_prompts", "100"], ValueError, r"= 104 but .* has 24 rows"),
@@ -198,7 +219,7 @@ def test_yaml_config_and_flags(tmp_path):
     config = tmp_path / "ablate.yaml"
     config.write_text(yaml.safe_dump({"policies": ["uniform", "soft"], "seeds": [0, 1, 2], "max_steps": 7,
                                       "protocol": "from_scratch"}))  # fmt: skip
-    a, args = parse_arguments(["--config", str(config), "--seeds", "4", "5"])
+    a, args, _ = parse_arguments(["--config", str(config), "--seeds", "4", "5"])
     assert (a.policies, a.seeds, a.protocol, args.max_steps, args.output_dir) == (
         ["uniform", "soft"], [4, 5], "from_scratch", 7, "runs/ablate"
     )

@@ -92,8 +92,11 @@ class _MeteredTrainer(RockOPDTrainer):
         return out
 
 
-def train_copy(start: torch.nn.Module, teacher, tokenizer, prompts, args, resume: str | None = None):
-    """Train a fresh copy of `start` with `args`; returns the trainer and its meter."""
+def train_copy(
+    start: torch.nn.Module, teacher, tokenizer, prompts, args, resume: str | None = None, peft_config=None
+):
+    """Train a fresh copy of `start` with `args` (fresh LoRA adapters on it when `peft_config` is given); returns the
+    trainer and its meter."""
     meter = ComputeMeter()
     model = copy.deepcopy(start)
     if "forward" in vars(model):
@@ -108,6 +111,9 @@ def train_copy(start: torch.nn.Module, teacher, tokenizer, prompts, args, resume
         train_dataset=prompts,
         processing_class=tokenizer,
         callbacks=[meter],
+        # peft writes the resolved module names into the config it is given ("all-linear" becomes a list): a copy
+        # keeps the caller's config as given, for the next run and for the record.
+        peft_config=copy.deepcopy(peft_config),
     )
     trainer.meter = meter
     trainer.train(resume_from_checkpoint=resume)

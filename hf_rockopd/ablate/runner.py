@@ -48,10 +48,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
+from trl import get_peft_config
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
 from ..commands.parsing import Command
-from ..distill import load_gsm8k_split
+from ..distill import StudentModelConfig, load_gsm8k_split, student_model_config
 from ..evaluation import evaluate_gsm8k
 from ..gsm8k import load_gsm8k_problems
 from ..lab import collect_token_table, load_token_table, score_token_table
@@ -104,7 +105,7 @@ def _read_json(path: str) -> Any:
 
 # ------------------------------------------------------------------------------------------------- models ----
 def _load_models(ablate: AblateArguments):
-    """Teacher and student as `hf-rockopd distill` loads them (no LoRA: every run trains the full student)."""
+    """Teacher and student as `hf-rockopd distill` loads them (in full precision; LoRA adapters are added per run)."""
     teacher = resolve_causal_lm(ablate.teacher)
     if ablate.student is None:
         base, default_layers = teacher.model, min(24, teacher.model.config.num_hidden_layers)
@@ -131,8 +132,12 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 
 
 # -------------------------------------------------------------------------------------------- warm start ----
-def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, args: RockOPDConfig, root: str):
-    """Uniform OPD for `warm_start_steps` from the student, saved once; a rerun loads it (or resumes its training)."""
+def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, args: RockOPDConfig, root: str,
+                peft_config=None):
+    """Uniform OPD for `warm_start_steps` from the student, saved once; a rerun loads it (or resumes its training).
+
+    With LoRA the warm start's adapters are merged into the weights it saves, and every run trains fresh adapters on
+    that merged model: the runs continue from the same weights, as in the paper's protocol."""
     directory = os.path.join(root, "warm_start")
     model_dir, done = os.path.join(directory, "model"), os.path.join(directory, "warm_start.json")
     if os.path.isfile(done):
@@ -148,8 +153,10 @@ def _warm_start(student, teacher, tokenizer, prompts, ablate: AblateArguments, a
     resume = get_last_checkpoint(trainer_dir) if os.path.isdir(trainer_dir) else None
     logger.warning(f"Warm start: {ablate.warm_start_steps} steps of uniform OPD" + (f", resuming {resume}" if resume else ""))
     started = time.perf_counter()
-    trainer, meter = train_copy(student, teacher, tokenizer, prompts, warm_args, resume=resume)
+    trainer, meter = train_copy(student, teacher, tokenizer, prompts, warm_args, resume=resume, peft_config=peft_config)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
     tmp = f"{model_dir}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -304,10 +311,10 @@ def _teacher_forced(source: Any) -> float | None:
 
 
 # ----------------------------------------------------------------------------------------------- the runs ----
-def _check_settings(root: str, ablate: AblateArguments, args: RockOPDConfig, command: str) -> None:
+def _check_settings(root: str, ablate: AblateArguments, args: RockOPDConfig, command: str, peft_config) -> None:
     """Record the settings; refuse a directory whose finished runs were made with other budget settings."""
     path = os.path.join(root, SETTINGS_NAME)
-    settings = {"ablate": ablate.fingerprint(), "training": training_fingerprint(args)}
+    settings = {"ablate": ablate.fingerprint(), "training": {**training_fingerprint(args), "lora": _lora(peft_config)}}
     if os.path.isfile(path):
         saved = _read_json(path)
         changed = [
@@ -328,7 +335,8 @@ def _check_settings(root: str, ablate: AblateArguments, args: RockOPDConfig, com
     _write_json(path, {**settings, "policies": policies, "seeds": seeds, "command": command})
 
 
-def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks) -> dict:
+def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks,
+             peft_config=None) -> dict:
     started = time.perf_counter()
     directory = run_directory(args.output_dir, policy, seed)
     settings = policy_settings(policy, ablate, args, seed, rocks)
@@ -336,7 +344,7 @@ def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference
         args, output_dir=directory, seed=seed, data_seed=seed, save_strategy="no", logging_steps=1, push_to_hub=False,
         **settings,
     )
-    trainer, meter = train_copy(start, teacher, tokenizer, train, run_args)
+    trainer, meter = train_copy(start, teacher, tokenizer, train, run_args, peft_config=peft_config)
     train_seconds = time.perf_counter() - started
     model = trainer.accelerator.unwrap_model(trainer.model)
     evaluation = _evaluate(model, teacher, tokenizer, problems, reference, ablate, args, rocks[0] if rocks else None)
@@ -346,6 +354,7 @@ def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference
         "seed": seed,
         "protocol": ablate.protocol,
         "trainer_policy": settings,
+        "lora": _lora(peft_config),  # train_copy hands the trainer a copy, so this is still the given config
         "rock_ids": trainer.rock_policy.rock_ids() or [],
         "metrics": {
             **evaluation["metrics"],
@@ -364,8 +373,26 @@ def _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference
     return result
 
 
-def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | None = None) -> dict[str, Any]:
+def _lora(peft_config) -> dict[str, Any] | None:
+    """The LoRA settings of every run (None: full fine-tuning), as `ablation.json` and each result record them."""
+    if peft_config is None:
+        return None
+    targets = peft_config.target_modules
+    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
+            "target_modules": targets if isinstance(targets, str) else sorted(targets)}
+
+
+def run_ablation(
+    ablate: AblateArguments,
+    args: RockOPDConfig,
+    command: str | None = None,
+    model_args: StudentModelConfig | None = None,
+) -> dict[str, Any]:
     """Run every (policy, seed) not finished yet, then write the summary; returns `{"trained": [...], "summary"}`.
+
+    `model_args` (TRL's `ModelConfig` fields) gives each run fresh LoRA adapters (`use_peft`); every run trains the
+    full student otherwise. 4-bit and 8-bit students are refused: each run starts from a copy of full-precision
+    weights.
 
     Example:
     ```python
@@ -384,6 +411,13 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
     command = command or "run_ablation(...)"
     # Every input is checked before a model is loaded or a directory made: a typo costs seconds, not a teacher load.
     check_training_budget(args)
+    model_args = student_model_config(model_args)
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        raise ValueError(
+            "ablate trains full-precision students (full fine-tuning, or LoRA with --use_peft); load_in_4bit / "
+            "load_in_8bit are options of hf-rockopd distill only. Drop them, and add --use_peft to train adapters."
+        )
+    peft_config = get_peft_config(model_args)
     if ablate.rock_set is not None:
         load_rock_set(ablate.rock_set)
     train, held_out = load_gsm8k_split(
@@ -403,14 +437,14 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
     ]
     pending = [(p, s) for p, s in order if not os.path.isfile(os.path.join(run_directory(root, p, s), RESULT_NAME))]
     os.makedirs(root, exist_ok=True)
-    _check_settings(root, ablate, args, command)
+    _check_settings(root, ablate, args, command, peft_config)
     trained = []
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
         problems = load_gsm8k_problems(held_out)
         start = student
         if ablate.protocol == "warm_start":
-            start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root)
+            start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)
         rocks = _find_rocks(start, teacher, tokenizer, train, ablate, args, root) if ablate.needs_rocks() else None
         # The teacher's completions of the held-out problems, generated once and cached: every run is scored on them.
         reference = load_or_build_teacher_reference(
@@ -423,15 +457,19 @@ def run_ablation(ablate: AblateArguments, args: RockOPDConfig, command: str | No
             _write_json(start_eval, start_result)
         for index, (policy, seed) in enumerate(pending):
             logger.warning(f"Run {index + 1}/{len(pending)}: policy {policy}, seed {seed}.")
-            _run_one(policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks)
+            _run_one(
+                policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks, peft_config
+            )
             trained.append((policy, seed))
     summary = write_summary(root)
     return {"trained": trained, "summary": summary}
 
 
-def ablate(ablate_args: AblateArguments, args: RockOPDConfig, *, argv: list[str]) -> int:
+def ablate(
+    ablate_args: AblateArguments, args: RockOPDConfig, model_args: StudentModelConfig, *, argv: list[str]
+) -> int:
     """Run `hf-rockopd ablate` and print the summary table and where its files are."""
-    out = run_ablation(ablate_args, args, command=shlex.join(["hf-rockopd", "ablate", *argv]))
+    out = run_ablation(ablate_args, args, command=shlex.join(["hf-rockopd", "ablate", *argv]), model_args=model_args)
     summary = out["summary"]
     print(f"\ntrained {len(out['trained'])} run(s); finished ones are skipped.\n")
     print(summary["markdown"])
@@ -443,7 +481,7 @@ def ablate(ablate_args: AblateArguments, args: RockOPDConfig, *, argv: list[str]
 ABLATE = Command(
     "ablate",
     "the paper's token-policy ablation: policies x seeds at one budget, resumable, compared with uniform",
-    (AblateArguments, RockOPDConfig),
+    (AblateArguments, RockOPDConfig, StudentModelConfig),
     ablate,
     defaults=DEFAULT_TRAINING_ARGS,
     with_argv=True,
@@ -451,20 +489,23 @@ ABLATE = Command(
 COMMANDS = (ABLATE,)
 
 
-def parse_arguments(argv: Sequence[str] | None = None) -> tuple[AblateArguments, RockOPDConfig]:
+def parse_arguments(
+    argv: Sequence[str] | None = None,
+) -> tuple[AblateArguments, RockOPDConfig, StudentModelConfig]:
     """Parse `hf-rockopd ablate` options (flags, and a YAML file given with `--config`; flags win).
 
     Example:
     ```python
     >>> from hf_rockopd.ablate.runner import parse_arguments
-    >>> ablate, args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1", "--max_steps", "4"])
-    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir
-    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate')
+    >>> ablate, args, model_args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1",
+    ...                                             "--max_steps", "4", "--use_peft", "--lora_r", "8"])
+    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir, model_args.use_peft, model_args.lora_r
+    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate', True, 8)
     ```
     """
-    ablate_args, args = ABLATE.parse(list(sys.argv[1:] if argv is None else argv))
+    ablate_args, args, model_args = ABLATE.parse(list(sys.argv[1:] if argv is None else argv))
     check_training_budget(args)
-    return ablate_args, args
+    return ablate_args, args, model_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
