@@ -50,12 +50,11 @@ from transformers.utils import logging
 
 from .gsm8k import Problem, extract_numeric_answer, is_correct
 from .modeling import check_same_vocabulary, eos_token_ids, vocab_size
-from .quality import completion_quality, text_quality
+from .quality import completion_quality, numeric_token_ids, text_quality
+from .results_table import format_results_table
 from .rock_set import load_rock_set, validate_token_ids
 from .rollout import generate_completions, pad_token_id, score_completions
-from .results_table import format_results_table
 from .teacher_reference import TeacherReference, build_teacher_reference
-
 
 logger = logging.get_logger(__name__)
 
@@ -292,13 +291,14 @@ def evaluate_completions(
     vocab = vocab_size(model)
     rocks = _rock_id_list(rock_ids, vocab)
     eos_ids = eos_token_ids(tokenizer, model)
+    numeric = numeric_token_ids(tokenizer)
 
     records = []
     for (_, gold), completion in zip(problems, completion_ids):
         text = tokenizer.decode(list(completion), skip_special_tokens=True)
         prediction = extract_numeric_answer(text)
         ended = any(int(t) in eos_ids for t in completion)
-        quality = completion_quality(completion, eos_ids, max_new_tokens)
+        quality = completion_quality(completion, eos_ids, max_new_tokens, numeric=numeric)
         records.append(
             {
                 "gold": gold,
@@ -312,7 +312,9 @@ def evaluate_completions(
                 "completion": text,
             }
         )
-    quality = text_quality(completion_ids, eos_ids, max_new_tokens, correct=[r["correct"] for r in records])
+    quality = text_quality(
+        completion_ids, eos_ids, max_new_tokens, correct=[r["correct"] for r in records], numeric=numeric
+    )
     lengths = [r["num_tokens"] for r in records]
     num_tokens = sum(lengths)
     token_ids = torch.tensor([int(t) for c in completion_ids for t in c], dtype=torch.long)

@@ -19,14 +19,25 @@ BPE pre-tokenizer does, so the same defaults apply to texts).
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
+# Loops have their own module; their names stay importable from here, where every quality measure is.
+from .loops import (
+    DEFAULT_MAX_PERIOD,
+    DEFAULT_MIN_REPEATS,
+    DEFAULT_MIN_SPAN,
+    Loop,
+    _as_list,
+    find_loop,
+    loop_rate,
+    numeric_token_ids,
+    split_text,
+)
 
 __all__ = [
     "DEFAULT_MAX_PERIOD",
@@ -43,6 +54,7 @@ __all__ = [
     "is_clipped",
     "is_finished",
     "loop_rate",
+    "numeric_token_ids",
     "repeated_ngram_fraction",
     "split_text",
     "strip_stop",
@@ -50,37 +62,6 @@ __all__ = [
 ]
 
 DEFAULT_NGRAM = 4
-# The loop defaults were chosen on GSM8K's 7,473 reference solutions cut by `split_text` (digits one per token, as
-# the SmolLM2 and Qwen tokenizers do): "20 cookies, 20 cookies, 20 cookies" spans 14 tokens (period 5), the gallons
-# loop ("the number of gallons in the first gallon, which is …" three times) 29 tokens (period 11). With 3 repeats and
-# 12 tokens, 13 of the 7,473 solutions (0.17 %) are flagged, all written-out sums or products ("3 cars + 3 cars +
-# 3 cars + 3 cars", "2*2*2*…"), which have the very shape of a short loop; a lower span flags digit runs and
-# "+ 2 + 2 +", a higher one misses the cookies. Two back-to-back copies are not a loop: reference solutions restate
-# an equation line ("2L + 11 = 35\n2L + 11 = 35") often enough; `repeated_ngram_fraction` measures milder repetition.
-DEFAULT_MAX_PERIOD = 40
-DEFAULT_MIN_REPEATS = 3
-DEFAULT_MIN_SPAN = 12
-
-# The Qwen2 / GPT-4-style pre-tokenizer with the standard library's `re` (`[^\W\d_]` is a letter): words with their
-# leading space, single digits, punctuation runs, newlines. Texts then cut into units about as long as BPE tokens.
-_PRE_TOKENIZER = re.compile(r"[^\r\n\w]?[^\W\d_]+|\d| ?[^\s\w]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-
-def split_text(text: str) -> list[str]:
-    """Cut a text into BPE-sized pieces (words with their leading space, single digits, punctuation, newlines).
-
-    The pieces join back to the text, and the loop defaults, chosen in token ids, apply to them.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import split_text
-    >>> split_text("He has 20 cookies, 20 cookies.")
-    ['He', ' has', ' ', '2', '0', ' cookies', ',', ' ', '2', '0', ' cookies', '.']
-    ```
-    """
-    return _PRE_TOKENIZER.findall(text)
-
-
 def strip_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
     """The completion before its first stop id: the text whose quality is measured (the stop id and padding go).
 
@@ -93,10 +74,6 @@ def strip_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
     """
     stops, ids = {int(i) for i in stop_ids}, [int(i) for i in ids]
     return next((ids[:position] for position, token in enumerate(ids) if token in stops), ids)
-
-
-def _as_list(tokens: Sequence[Hashable]) -> list:
-    return tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)  # a tensor's elements hash by identity
 
 
 def _ngrams(tokens: Sequence[Hashable], n: int) -> list[tuple]:
@@ -140,100 +117,6 @@ def distinct_n(completions: Iterable[Sequence[Hashable]], n: int = 1) -> float:
     """
     grams = [g for tokens in completions for g in _ngrams(tokens, n)]
     return len(set(grams)) / len(grams) if grams else float("nan")
-
-
-@dataclass(frozen=True)
-class Loop:
-    """A span of `period` tokens repeated back to back from `start`, covering `span` tokens (`repeats` = span/period).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import Loop
-    >>> Loop(start=2, period=3, repeats=3.0, span=9).to_dict()
-    {'start': 2, 'period': 3, 'repeats': 3.0, 'span': 9}
-    ```
-    """
-
-    start: int
-    period: int
-    repeats: float
-    span: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready dict."""
-        return asdict(self)
-
-
-def find_loop(
-    tokens: Sequence[Hashable],
-    max_period: int = DEFAULT_MAX_PERIOD,
-    min_repeats: int = DEFAULT_MIN_REPEATS,
-    min_span: int = DEFAULT_MIN_SPAN,
-) -> Loop | None:
-    """The longest loop in a completion: a span of 1..`max_period` tokens repeated back to back, else None.
-
-    A run where `tokens[i] == tokens[i + p]` for `L` consecutive positions is `(L + p) / p` copies of a period-`p`
-    span. It is a loop when it covers at least `min_span` tokens and has at least `min_repeats` copies, a final copy
-    counting when at least half of it is there: "20 cookies, 20 cookies, 20 cookies" is three copies of
-    "20 cookies, " whose last comma never comes. `min_span` keeps digit runs ("1000000") and short written-out sums
-    from counting; see `DEFAULT_MIN_SPAN` for how the defaults were chosen.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import find_loop, split_text
-    >>> find_loop(split_text("So he has 20 cookies, 20 cookies, 20 cookies"))
-    Loop(start=3, period=5, repeats=2.8, span=14)
-    >>> find_loop(split_text("Natalia sold 48/2 = 24 clips in May and 48+24 = 72 clips in all.")) is None
-    True
-    ```
-    """
-    if max_period < 1 or min_repeats < 2 or min_span < 1:
-        raise ValueError(
-            f"find_loop needs max_period >= 1, min_repeats >= 2, min_span >= 1; got {max_period}, {min_repeats}, "
-            f"{min_span}."
-        )
-    # Map the tokens (ids or strings) to small integers so that numpy can compare them.
-    codes: dict[Hashable, int] = {}
-    tokens = _as_list(tokens)
-    array = np.fromiter((codes.setdefault(t, len(codes)) for t in tokens), dtype=np.int64, count=len(tokens))
-    n, periods = len(array), min(max_period, len(array) // 2)
-    if periods < 1:
-        return None
-    # All periods in one pass: row p - 1 marks tokens[i] == tokens[i + p] (-1 pads the end, equal to no code), framed
-    # by False columns so that a run never crosses rows and every run's rising and falling edges pair up.
-    padded = np.concatenate((array, np.full(periods, -1)))
-    same = np.zeros((periods, n + 2), dtype=np.int8)
-    same[:, 1:-1] = np.lib.stride_tricks.sliding_window_view(padded[1:], n)[:periods] == array
-    edges = np.flatnonzero(np.diff(same.ravel()))
-    starts, ends = edges[::2], edges[1::2]
-    period = starts // (n + 2) + 1
-    spans = ends - starts + period
-    # floor(x + 0.5): a final copy counts when at least half of it is there (see the docstring).
-    spans = np.where((spans >= min_span) & (np.floor(spans / period + 0.5) >= min_repeats), spans, 0)
-    if not spans.size or spans.max() == 0:
-        return None
-    # The longest wins; argmax takes the first, and runs are ordered by period: at equal span, the shortest period.
-    i = int(spans.argmax())
-    span, p = int(spans[i]), int(period[i])
-    return Loop(start=int(starts[i] % (n + 2)), period=p, repeats=round(span / p, 4), span=span)
-
-
-def loop_rate(
-    completions: Sequence[Sequence[Hashable]],
-    max_period: int = DEFAULT_MAX_PERIOD,
-    min_repeats: int = DEFAULT_MIN_REPEATS,
-    min_span: int = DEFAULT_MIN_SPAN,
-) -> float:
-    """The share of completions that contain a loop (`find_loop`); NaN for no completion.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.quality import loop_rate
-    >>> loop_rate([[1, 2, 3, 4], [5, 6] * 8])
-    0.5
-    ```
-    """
-    return _share([find_loop(c, max_period, min_repeats, min_span) is not None for c in completions])
 
 
 def _check_limit(max_new_tokens: int) -> None:
@@ -421,11 +304,13 @@ def completion_quality(
     max_period: int = DEFAULT_MAX_PERIOD,
     min_repeats: int = DEFAULT_MIN_REPEATS,
     min_span: int = DEFAULT_MIN_SPAN,
+    numeric: Collection[Hashable] | None = None,
 ) -> dict[str, float]:
     """One completion's measures, as numbers: the per-problem outcomes of an evaluation or an ablation run.
 
     `finished`, `clipped` and `loop` are 0.0 / 1.0; `repeated_ngram_fraction` (NaN under `ngram` tokens) and
-    `length` are measured before the first stop id. `text_quality` is built from these, so the two always agree.
+    `length` are measured before the first stop id; `numeric` (`numeric_token_ids(tokenizer)`) keeps repeating
+    decimals from counting as loops. `text_quality` is built from these, so the two always agree.
 
     Example:
     ```python
@@ -439,7 +324,7 @@ def completion_quality(
     return {
         "finished": float(is_finished(ids, stops, max_new_tokens)),
         "clipped": float(is_clipped(ids, stops, max_new_tokens)),
-        "loop": float(find_loop(text, max_period, min_repeats, min_span) is not None),
+        "loop": float(find_loop(text, max_period, min_repeats, min_span, numeric) is not None),
         "repeated_ngram_fraction": repeated_ngram_fraction(text, ngram),
         "length": float(len(text)),
     }
@@ -455,6 +340,7 @@ def text_quality(
     min_repeats: int = DEFAULT_MIN_REPEATS,
     min_span: int = DEFAULT_MIN_SPAN,
     confidence: float = 0.95,
+    numeric: Collection[Hashable] | None = None,
 ) -> TextQuality:
     """Every text-quality measure of a list of generated completions (token ids, as generated: padding is fine).
 
@@ -466,6 +352,7 @@ def text_quality(
         stop_ids: the ids that end a completion (`hf_rockopd.modeling.eos_token_ids`).
         max_new_tokens: the generation limit the completions were produced with.
         correct: per-completion correctness, for the accuracy and its interval (optional).
+        numeric: the ids that only write numbers (`numeric_token_ids(tokenizer)`): a repeating decimal is no loop.
 
     Example:
     ```python
@@ -481,7 +368,7 @@ def text_quality(
     if correct is not None and len(correct) != len(completions):
         raise ValueError(f"Got {len(correct)} correctness flags for {len(completions)} completions.")
     loop_settings = {"max_period": max_period, "min_repeats": min_repeats, "min_span": min_span}
-    each = [completion_quality(c, stops, max_new_tokens, ngram, **loop_settings) for c in completions]
+    each = [completion_quality(c, stops, max_new_tokens, ngram, **loop_settings, numeric=numeric) for c in completions]
     texts = [strip_stop(c, stops) for c in completions]
     return TextQuality(
         num_completions=len(completions),

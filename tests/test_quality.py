@@ -276,3 +276,22 @@ def test_text_quality_is_json_and_reads_back():
         TextQuality.from_dict({"num_completions": 1})
     with pytest.raises(ValueError, match="correctness flags"):
         text_quality([[5]], [2], 6, correct=[True, False])
+
+
+def test_a_repeating_decimal_is_not_a_loop():
+    """The baseline report's false positive: Qwen writes digits one per token, so "3.846153846153846" is a 6-token
+    period repeated; numbers are told apart from degenerate text, for texts and for ids."""
+    from hf_rockopd.loops import numeric_token_ids
+    from hf_rockopd.models import build_tiny_tokenizer
+
+    text = r"= \frac{50}{13} \approx 3.846153846153846" + "\n\\]\n\nTherefore, on average, each player gets"
+    assert find_loop(split_text(text)) is None
+    assert find_loop(split_text("So he has 20 cookies, 20 cookies, 20 cookies")).period == 5  # words still loop
+    tokenizer = build_tiny_tokenizer()
+    ids = tokenizer.convert_tokens_to_ids(list("3.846153846153846"))
+    numeric = numeric_token_ids(tokenizer)
+    assert set(ids) <= numeric and tokenizer.convert_tokens_to_ids("a") not in numeric
+    assert find_loop(ids) is not None  # without knowing which ids are digits, it looks like a loop
+    assert find_loop(ids, numeric=numeric) is None
+    words = tokenizer.convert_tokens_to_ids(list("2a, 2a, 2a, 2a, 2a, "))
+    assert find_loop(words, numeric=numeric) is not None  # a period with a letter in it is text

@@ -17,7 +17,6 @@ from .stats import (
     seed_interval,
 )
 
-
 __all__ = [
     "BASELINE_POLICY",
     "AblationStats",

@@ -12,12 +12,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
+
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
 from ..models import SMOLLM2_ID
-from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
-
 
 # The policies of the paper's ablation, by the name a run directory and the summary use. `soft` is `rock_freeze` with
 # the rocks weighted `soft_weight` (not 0) and `rock_normalization="tokens"`; any other registered policy name may be

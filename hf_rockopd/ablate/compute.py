@@ -17,7 +17,6 @@ from transformers import TrainerCallback
 # The trainer, from the rest of the package (a reorganization changes this line only).
 from ..trainers import RockOPDTrainer
 
-
 __all__ = ["ComputeMeter", "train_copy"]
 
 

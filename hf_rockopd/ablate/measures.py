@@ -1,21 +1,24 @@
 """The one place where the ablation meets the text-quality measures of `hf_rockopd.quality`.
 
 Per problem, a completion is judged by its loop, finished and repeated-n-gram flags; per run, by `text_quality`
-(accuracy with its Wilson interval, loop and finished rates, distinct-n). The statistics across runs are
+(accuracy with its Wilson interval, loop and finished rates, distinct-n). `numeric` is
+`hf_rockopd.quality.numeric_token_ids(tokenizer)`: a repeating decimal is not a loop. The statistics across runs are
 `hf_rockopd.ablate.stats`' (see `summary.py`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..quality import completion_quality, text_quality
 
 
 # ------------------------------------------------------------------------------------------- text quality ----
-def problem_quality(ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
+def problem_quality(
+    ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int, numeric: Collection[int] | None = None
+) -> dict[str, Any]:
     """One completion's outcomes (generated ids), JSON-ready: `looped`, `finished`, `clipped`,
     `repeated_ngram_fraction` (None under 4 tokens) and `length` (before the stop id).
 
@@ -27,7 +30,7 @@ def problem_quality(ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens:
     (True, False, 0.8)
     ```
     """
-    q = completion_quality(ids, stop_ids, max_new_tokens)
+    q = completion_quality(ids, stop_ids, max_new_tokens, numeric=numeric)
     repeated = q["repeated_ngram_fraction"]
     return {
         "looped": bool(q["loop"]),
@@ -39,7 +42,11 @@ def problem_quality(ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens:
 
 
 def run_quality(
-    completions: Sequence[Sequence[int]], stop_ids: Sequence[int], max_new_tokens: int, correct: Sequence[bool]
+    completions: Sequence[Sequence[int]],
+    stop_ids: Sequence[int],
+    max_new_tokens: int,
+    correct: Sequence[bool],
+    numeric: Collection[int] | None = None,
 ) -> dict[str, Any]:
     """The run-level text quality: accuracy with its Wilson interval, loop and finished rates, distinct-n.
 
@@ -51,7 +58,7 @@ def run_quality(
     (0.5, 0.5, 0.5)
     ```
     """
-    quality = text_quality(completions, stop_ids, max_new_tokens, correct=list(correct)).to_dict()
+    quality = text_quality(completions, stop_ids, max_new_tokens, correct=list(correct), numeric=numeric).to_dict()
     accuracy = quality.pop("accuracy")
     return {
         "accuracy": accuracy["estimate"],

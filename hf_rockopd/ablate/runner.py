@@ -58,6 +58,7 @@ from ..gsm8k import load_gsm8k_problems
 from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
+from ..quality import numeric_token_ids
 from ..rock_set import load_rock_set
 from ..teacher_reference import load_or_build_teacher_reference
 from ..trainers import RockOPDConfig
@@ -69,7 +70,6 @@ from .arguments import (
 )
 from .compute import train_copy
 from .measures import problem_quality, run_quality
-
 
 logger = logging.get_logger(__name__)
 
@@ -274,7 +274,7 @@ def _evaluate(model, teacher, tokenizer, problems, reference, ablate, args: Rock
         max_new_tokens=ablate.eval_max_new_tokens, batch_size=ablate.eval_batch_size, beta=args.beta,
         temperature=args.loss_temperature, show_progress=False,
     )
-    stop_ids = eos_token_ids(tokenizer, model)
+    stop_ids, numeric = eos_token_ids(tokenizer, model), numeric_token_ids(tokenizer)
     lengths = [r["num_tokens"] for r in result.records]
     completions = [ids.tolist() for ids in torch.split(result.token_ids, lengths)] if lengths else []
     outcomes = []
@@ -284,13 +284,13 @@ def _evaluate(model, teacher, tokenizer, problems, reference, ablate, args: Rock
             "correct": bool(record["correct"]),
             "on_policy_divergence": record.get("mean_divergence"),
             "teacher_forced_divergence": _teacher_forced(record),
-            **problem_quality(ids, stop_ids, ablate.eval_max_new_tokens),
+            **problem_quality(ids, stop_ids, ablate.eval_max_new_tokens, numeric),
             "num_tokens": record["num_tokens"],
             "prediction": record["prediction"],
             "completion": record["completion"],
         })
     metrics = {
-        **run_quality(completions, stop_ids, ablate.eval_max_new_tokens, [o["correct"] for o in outcomes]),
+        **run_quality(completions, stop_ids, ablate.eval_max_new_tokens, [o["correct"] for o in outcomes], numeric),
         "on_policy_divergence": result.mean_divergence,
         "on_policy_divergence_non_rock": result.mean_divergence_non_rock,
         "teacher_forced_divergence": _teacher_forced(result),

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-
 __all__ = [
     "BASELINE_POLICY",
     "AblationStats",

@@ -27,7 +27,6 @@ from .stats import (
     seed_interval,
 )
 
-
 __all__ = ["METRICS", "AblationSummary", "Metric", "load_runs", "run_outcomes", "summarize", "write_summary"]
 
 RESULT_FORMAT = "hf_rockopd.ablate.run"
