@@ -1,5 +1,6 @@
 # Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job, `make distill`
-# the main job itself (the embedded SmolLM2 default), `make distill-qwen` the Qwen2.5-Coder 1.5B -> 0.5B pair.
+# the main job itself (the embedded SmolLM2 default), `make distill-qwen` the Qwen2.5-Coder 1.5B -> 0.5B pair,
+# `make ablate-qwen` the paper's policy ablation on that pair.
 # Each creates .venv and installs what it needs. On the CPU development machines `torch==2.13.0` is a CPU wheel already
 # on disk; on a GPU machine install your CUDA build of torch first (TORCH="torch==2.x" or TORCH="").
 PYTHON ?= python3
@@ -12,7 +13,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill distill-qwen install install-qwen clean
+.PHONY: test demo distill distill-qwen ablate-qwen install install-qwen clean
 
 install: $(STAMP)
 
@@ -49,6 +50,10 @@ distill: $(STAMP)
 # The competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> Qwen2.5-Coder-0.5B-Instruct on GSM8K.
 distill-qwen: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
+
+# The paper's ablation on that pair (4 policies x 3 seeds, LoRA, small budget): resumable, rerun to continue.
+ablate-qwen: $(QWEN_STAMP)
+	$(VENV)/bin/hf-rockopd ablate --config examples/configs/ablate_qwen.yaml
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -435,6 +435,12 @@ def run_distillation(
 
         trainer.save_model(args.output_dir)  # also writes rock_tokens.json
         tokenizer.save_pretrained(args.output_dir)
+        if trainer.is_world_process_zero():
+            # Every answer, before and after: the text is what shows a loop that a divergence hides.
+            for name, result in (("before", before), ("after", after)):
+                if result is not None:
+                    path = os.path.join(args.output_dir, f"eval_{name}.json")
+                    result.with_rock_ids(rock_ids).save(path, include_records=True)
 
     report = {
         "hf_rockopd_version": __version__,

@@ -110,6 +110,13 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run):
     again = evaluate_gsm8k(student, build_tiny_tokenizer(), load_gsm8k_problems(held_out), teacher=teacher,
                            max_new_tokens=8, batch_size=2, show_progress=False)
     assert again.mean_divergence == pytest.approx(report["eval"]["after"]["mean_divergence"], rel=1e-4)
+    # Every answer is kept, before and after, with its text: what a reader checks for loops.
+    from hf_rockopd.evaluation import EvalResult
+
+    for phase in ("before", "after"):
+        saved = json.loads((run / f"eval_{phase}.json").read_text())
+        assert [r["completion"] for r in saved["records"]] == [r["completion"] for r in again.records] or phase == "before"
+        assert EvalResult.from_dict(saved).loop_rate == report["eval"][phase]["loop_rate"]
 
     card = ModelCard.load(run / "README.md")
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
