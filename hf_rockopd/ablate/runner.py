@@ -445,6 +445,8 @@ def run_ablation(
         start = student
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)
+        del student  # the runs copy `start`: a second full copy of the student would only take memory
+        gc.collect()
         rocks = _find_rocks(start, teacher, tokenizer, train, ablate, args, root) if ablate.needs_rocks() else None
         # The teacher's completions of the held-out problems, generated once and cached: every run is scored on them.
         reference = load_or_build_teacher_reference(
