@@ -241,7 +241,8 @@ def _reject_unknown(name: str, kwargs: Mapping[str, Any], accepted: Sequence[str
     if unknown:
         raise ValueError(
             f"rock_policy {name!r} does not take {', '.join(map(repr, unknown))}. Accepted keyword arguments: "
-            f"{', '.join(accepted) if accepted else 'none'}."
+            f"{', '.join(accepted) if accepted else 'none'}. (Options a --config file set for another policy stay "
+            "unless replaced: add --rock_policy_kwargs '{}' or this policy's own.)"
         )
 
 
