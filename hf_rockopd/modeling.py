@@ -43,8 +43,11 @@ def backbone(model: nn.Module) -> nn.Module:
     return stack
 
 
-def logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def logits_fn(model: nn.Module, head: nn.Module | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """Hidden states -> logits through the model's own output module, with its logit scale and soft-cap.
+
+    `head` replaces the output module (the engine passes a gathered copy of an FSDP2-sharded head); the model's
+    config still gives the scale and soft-cap.
 
     Example:
         >>> from hf_rockopd.models import build_tiny_causal_lm
@@ -52,7 +55,7 @@ def logits_fn(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         >>> logits_fn(model)(torch.zeros(2, model.config.hidden_size)).shape[-1] == model.config.vocab_size
         True
     """
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() if head is None else head
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (`get_output_embeddings()` is None).")
     config = model.config.get_text_config()

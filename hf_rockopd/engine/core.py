@@ -33,6 +33,7 @@ from ..modeling import backbone, check_same_vocabulary
 from ..policies import TokenBatch, TokenPolicy, get_policy
 from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
 from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums
+from .sharding import check_fsdp_setup, gathered_heads
 from .state import load_policy_state, save_policy_state
 from .weighting import (
     LossPlan,
@@ -85,7 +86,8 @@ def build_policy(rock_policy: TokenPolicy | str | None, args: RockArguments) -> 
 
 
 def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> None:
-    """Refuse process set-ups in which the loss would be wrong or each process would train on its own.
+    """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
+    been run (see the README's distributed matrix). Called before any model is loaded.
 
     Example:
     ```python
@@ -94,16 +96,7 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> No
     >>> check_supported_setup(SimpleNamespace(fsdp="", world_size=1))  # one process, no FSDP: fine
     ```
     """
-    fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
-    if fsdp:
-        # Output heads are called outside the wrapped forward (only the weighted rows are projected), which FSDP's
-        # sharded parameters do not allow, and GKDTrainer leaves the teacher unsharded (TRL issue 2580).
-        raise ValueError(
-            f"{trainer_name} does not support FSDP yet. Supported: a single process (GPU or CPU, LoRA and 4-bit "
-            "students included) and DDP (`accelerate launch --multi_gpu`, or torchrun; on CPU-only machines set "
-            "use_cpu=True for gloo). DeepSpeed goes through GKDTrainer's teacher preparation but has not been run: "
-            "see the README's tested matrix."
-        )
+    check_fsdp_setup(args, trainer_name)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and args.world_size == 1:
         raise ValueError(
@@ -202,6 +195,12 @@ class RockTokenEngine:
         if self.tokenizer is not None:
             warn_on_eos_mismatch(student_eos, unwrapped_teacher, self.tokenizer)
         self.has_4bit_layers = any(type(m).__name__ == "Linear4bit" for m in student.modules())
+        if self.has_4bit_layers and accelerator is not None and getattr(accelerator, "is_fsdp2", False):
+            raise ValueError(
+                "4-bit students are supported on a single process or with DDP only, not under FSDP2 (not run: the "
+                "packed weights are not sharded like floating-point ones). Drop fsdp/fsdp_config, or train a LoRA "
+                "student in float precision."
+            )
 
     @property
     def num_processes(self) -> int:
@@ -274,16 +273,19 @@ class RockTokenEngine:
             # Through the teacher's wrapper (DeepSpeed, DDP) too, so its parameters are gathered for the forward.
             teacher_forward = partial(self._last_hidden_state, teacher)
             teacher_hidden = self._redirect(self.teacher, teacher, teacher_forward, **model_inputs)
-        return project_rows(
-            plan,
-            student_hidden,
-            teacher_hidden[:, :-1],
-            student,
-            teacher,
-            beta=self.args.beta,
-            temperature=self.args.loss_temperature,
-            chunk_size=self.args.loss_chunk_size,
-        )
+        # Under FSDP2 the heads are gathered once here, not per chunk (see `sharding`); otherwise they are the models'.
+        with gathered_heads(student, teacher, student_hidden.dtype, teacher_hidden.dtype) as heads:
+            return project_rows(
+                plan,
+                student_hidden,
+                teacher_hidden[:, :-1],
+                student,
+                teacher,
+                beta=self.args.beta,
+                temperature=self.args.loss_temperature,
+                chunk_size=self.args.loss_chunk_size,
+                heads=heads,
+            )
 
     def finish(self, plan: LossPlan, projection: Projection, metrics: MutableMapping[str, list] | None) -> torch.Tensor:
         """The micro-batch's loss from its projection: weights (if decided late), normalization, the policy's update

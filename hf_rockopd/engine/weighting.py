@@ -22,6 +22,7 @@ tensor(4.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,18 +140,20 @@ def project_rows(
     beta: float,
     temperature: float,
     chunk_size: int,
+    heads: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None = None,
 ) -> Projection:
     """The heads of both models on `plan.grad_rows` (with gradient) and `plan.probe_rows` (without), nothing else.
 
     `student_hidden`/`teacher_hidden` are `(B, T, H)` hidden states aligned with the plan's `(B, T)` masks. With
     `plan.row_weights` (weights decided before the divergence) the weighted loss and its gradient are fused per chunk
     (`chunked_weighted_loss`, 4 matrix products per chunk); otherwise the per-row divergences stay differentiable for
-    weights decided from them (`chunked_divergence`).
+    weights decided from them (`chunked_divergence`). `heads` replaces `(logits_fn(student), logits_fn(teacher))`
+    (the engine passes gathered heads under FSDP2, see `hf_rockopd.engine.sharding`).
 
     Example: `RockTokenEngine.project_causal_lm` calls it after running both backbones.
     """
     grad_rows, probe_rows = plan.grad_rows, plan.probe_rows
-    student_logits, teacher_logits = logits_fn(student), logits_fn(teacher)
+    student_logits, teacher_logits = heads if heads is not None else (logits_fn(student), logits_fn(teacher))
     common = {"beta": beta, "temperature": temperature, "chunk_size": chunk_size}
     loss = None
     if plan.row_weights is None:
