@@ -31,9 +31,10 @@ def logged(trainer, key):
 
 
 # ---------------------------------------------------------------------------------------------- set-up ----
-def test_fsdp_is_refused_before_any_model_is_loaded(student, tokenizer, args_factory, monkeypatch):
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(ValueError, match="does not support FSDP yet. Supported: a single process"):
+def test_fsdp1_is_refused_before_any_model_is_loaded(student, tokenizer, args_factory, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # `accelerate launch --use_fsdp`: version 1 unless told
+    monkeypatch.delenv("FSDP_VERSION", raising=False)
+    with pytest.raises(ValueError, match="supports FSDP2 only, and this run asks for FSDP version 1"):
         # A teacher path that does not exist: the FSDP check must come first.
         make_trainer(student, "/nonexistent/teacher", args_factory(), tokenizer)
 
