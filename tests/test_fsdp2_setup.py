@@ -77,3 +77,15 @@ def test_unsharded_models_keep_their_own_heads():
     assert not is_fsdp2(student)
     with gathered_heads(student, teacher) as (student_head, teacher_head):
         assert student_head is student.lm_head and teacher_head is teacher.lm_head
+
+
+def test_deepspeed_zero3_is_refused_and_zero2_is_not(monkeypatch):
+    zero3 = SimpleNamespace(fsdp=None, world_size=1, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
+    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO-3.*Use FSDP2"):
+        check_supported_setup(zero3)
+    check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, hf_deepspeed_config=SimpleNamespace(
+        is_zero3=lambda: False)))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        check_supported_setup(SimpleNamespace(fsdp=None, world_size=1))

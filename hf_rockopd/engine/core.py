@@ -97,6 +97,14 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> No
     ```
     """
     check_fsdp_setup(args, trainer_name)
+    if _deepspeed_zero3(args):
+        # Run here (DeepSpeed 0.19.8, CPU, gloo): ZeRO-3 partitions the output head, and the loss's head gradient
+        # (shaped like the full head) is refused by ZeRO-3's partitioned linear ("expected shape compatible with [0]").
+        raise ValueError(
+            f"{trainer_name} does not support DeepSpeed ZeRO-3: it partitions the output head, which the loss projects "
+            "outside the model's forward. Use FSDP2 (fsdp=True, fsdp_config={\"version\": 2}) to shard parameters, "
+            "or ZeRO-2."
+        )
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and args.world_size == 1:
         raise ValueError(
@@ -105,6 +113,15 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> No
             "without GPUs set use_cpu=True (or launch with ACCELERATE_USE_CPU=true) so the processes join a gloo "
             "group; on GPUs check that CUDA is visible to every process."
         )
+
+
+def _deepspeed_zero3(args: Any) -> bool:
+    """Whether the Trainer's `deepspeed` config or `accelerate launch --use_deepspeed --zero_stage 3` asks for ZeRO-3."""
+    config = getattr(args, "hf_deepspeed_config", None)
+    if config is not None and config.is_zero3():
+        return True
+    deepspeed_env = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true")
+    return deepspeed_env and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "") == "3"
 
 
 def _stop_ids(value: Any) -> set[int]:
