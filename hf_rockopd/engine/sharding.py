@@ -30,16 +30,15 @@ False
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from ..modeling import backbone, logits_fn
-
 
 __all__ = [
     "check_fsdp_accelerator",
@@ -225,7 +224,10 @@ def shard_teacher(teacher: nn.Module, mesh: Any = None) -> nn.Module:
 
 class _ReduceScatterInto:
     """Post-accumulate-grad hook of a gathered head tensor: reduce-scatter its full gradient into the sharded
-    parameter's `.grad`, averaged over the mesh as FSDP averages every other gradient, and free the full one."""
+    parameter's `.grad`, averaged over the mesh as FSDP averages every other gradient, and free the full one.
+
+    A collective: every rank's backward must reach the gathered head once. It does, since a micro-batch with no
+    weighted row still projects one row for its zero anchor (`engine.weighting.project_rows`)."""
 
     def __init__(self, sharded: torch.Tensor):
         self.sharded = sharded
@@ -249,7 +251,7 @@ def _bare_head(head: nn.Module, dtype: torch.dtype | None) -> nn.Linear:
     from torch.distributed.tensor import DTensor
 
     if not isinstance(getattr(head, "weight", None), torch.Tensor) or not isinstance(head, nn.Linear):
-        raise ValueError(
+        raise TypeError(
             f"Under FSDP2 the output head must be an `nn.Linear` (got {type(head).__name__}); 4-bit or custom heads "
             "are supported on a single process or DDP only."
         )

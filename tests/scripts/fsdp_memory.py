@@ -94,8 +94,12 @@ def main(output_dir: str) -> None:
     subprocess.run([sys.executable, me, output_dir, "single"], env=env, check=True)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", me, output_dir, "fsdp"],
                    env=env, check=True)
-    single = json.load(open(os.path.join(output_dir, "memory_single_rank0.json")))
-    ranks = [json.load(open(os.path.join(output_dir, f"memory_fsdp_rank{r}.json"))) for r in (0, 1)]
+    def load(name):
+        with open(os.path.join(output_dir, name)) as f:
+            return json.load(f)
+
+    single = load("memory_single_rank0.json")
+    ranks = [load(f"memory_fsdp_rank{r}.json") for r in (0, 1)]
     print(f"{'per rank (MiB)':<28}{'1 process':>11}{'FSDP2 rank 0':>14}{'FSDP2 rank 1':>14}{'ratio (max)':>13}")
     for key in single:
         if key.endswith("_mib"):
