@@ -16,22 +16,27 @@ def fsdp_args(**plugin):
 
 
 def test_fsdp2_with_full_sharding_passes_the_start_up_check():
-    check_supported_setup(fsdp_args())
+    check_supported_setup(fsdp_args(), fsdp2=True)
+
+
+def test_trainers_that_do_not_shard_their_teacher_are_refused_fsdp():
+    with pytest.raises(ValueError, match="OtherTrainer does not support FSDP yet.*RockOPDTrainer supports FSDP2"):
+        check_supported_setup(fsdp_args(), "OtherTrainer")
 
 
 @pytest.mark.parametrize("version", [1, "1"])
 def test_fsdp1_is_refused_with_the_fsdp2_setting_to_use(version):
     with pytest.raises(ValueError, match=r'supports FSDP2 only.*fsdp_config=\{"version": 2\}.*--fsdp_version 2'):
-        check_supported_setup(fsdp_args(fsdp_version=version))
+        check_supported_setup(fsdp_args(fsdp_version=version), fsdp2=True)
 
 
 def test_accelerate_launch_fsdp2_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, fsdp_plugin_args=None))
+    check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, fsdp_plugin_args=None), fsdp2=True)
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
     with pytest.raises(ValueError, match="this run sets cpu_offload"):
-        check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, fsdp_plugin_args=None))
+        check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, fsdp_plugin_args=None), fsdp2=True)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +46,7 @@ def test_accelerate_launch_fsdp2_is_read_from_the_environment(monkeypatch):
 )
 def test_untested_fsdp2_options_are_refused(plugin, named):
     with pytest.raises(ValueError, match=f"full sharding only.*this run sets {named}"):
-        check_supported_setup(fsdp_args(**plugin))
+        check_supported_setup(fsdp_args(**plugin), fsdp2=True)
 
 
 def test_fsdp_that_accelerate_turned_into_ddp_is_refused():

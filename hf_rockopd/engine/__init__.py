@@ -2,7 +2,7 @@
 `rock/*` and `completions/*` metrics, policy state in checkpoints and `rock_tokens.json`.
 
 A trainer composes one [`RockTokenEngine`] (see `hf_rockopd.engine.core`); `weighting`, `metrics` and `state` hold its
-parts as plain functions.
+parts as plain functions, `sharding` its FSDP2 support (teacher sharding, gathered heads, set-up checks).
 
 Example:
 ```python

@@ -33,7 +33,7 @@ from ..modeling import backbone, check_same_vocabulary
 from ..policies import TokenBatch, TokenPolicy, get_policy
 from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
 from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums
-from .sharding import check_fsdp_setup, gathered_heads
+from .sharding import check_fsdp_setup, fsdp_requested, gathered_heads
 from .state import load_policy_state, save_policy_state
 from .weighting import (
     LossPlan,
@@ -85,9 +85,12 @@ def build_policy(rock_policy: TokenPolicy | str | None, args: RockArguments) -> 
     return get_policy(rock_policy or args.rock_policy, **(args.rock_policy_kwargs or {}))
 
 
-def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> None:
+def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False) -> None:
     """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
     been run (see the README's distributed matrix). Called before any model is loaded.
+
+    `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (`RockOPDTrainer` does, see
+    `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it.
 
     Example:
     ```python
@@ -96,6 +99,11 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> No
     >>> check_supported_setup(SimpleNamespace(fsdp="", world_size=1))  # one process, no FSDP: fine
     ```
     """
+    if fsdp_requested(args) and not fsdp2:
+        raise ValueError(
+            f"{trainer_name} does not support FSDP yet (not run); RockOPDTrainer supports FSDP2. Supported here: a "
+            "single process and DDP (`accelerate launch --multi_gpu`, or torchrun; use_cpu=True on CPU)."
+        )
     check_fsdp_setup(args, trainer_name)
     if _deepspeed_zero3(args):
         # Run here (DeepSpeed 0.19.8, CPU, gloo): ZeRO-3 partitions the output head, and the loss's head gradient

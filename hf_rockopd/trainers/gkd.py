@@ -134,7 +134,7 @@ class RockOPDTrainer(GKDTrainer):
             raise ValueError("RockOPDTrainer needs a teacher_model (a model or a model name/path).")
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
-        check_supported_setup(args)
+        check_supported_setup(args, fsdp2=True)
         if data_collator is None:
             if processing_class is None:
                 raise ValueError(
