@@ -19,7 +19,15 @@ from .gguf import check_gguf_metadata, load_gguf_causal_lm, read_gguf_metadata
 from .pruning import middle_block_layers, prune_decoder_layers
 from .quantization import unpack_cpu_4bit_weights
 from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm
-from .sources import GGUF_SOURCES, QWEN_CODER_0_5B_ID, QWEN_CODER_1_5B_ID, SMOLLM2_ID, GgufMetadata, GgufSource
+from .sources import (
+    GGUF_SOURCES,
+    QWEN_CODER_0_5B_ID,
+    QWEN_CODER_1_5B_ID,
+    SMOLLM2_ID,
+    GgufMetadata,
+    GgufSource,
+    describe_model_source,
+)
 from .tiny import CHATML_TEMPLATE, build_tiny_causal_lm, build_tiny_tokenizer
 from .wheels import InstalledPart, cache_root, file_sha256, installed_parts, locate_gguf, smollm2_gguf_path
 
@@ -43,6 +51,7 @@ __all__ = [
     "cache_root",
     "check_gguf_metadata",
     "converted_model_dir",
+    "describe_model_source",
     "file_sha256",
     "installed_parts",
     "load_gguf_causal_lm",

