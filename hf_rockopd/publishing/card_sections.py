@@ -1,7 +1,8 @@
 """What each section of a model card says: the template's variables, computed from a run report and a rock set.
 
 Pure functions of the report (`hf_rockopd.publishing.run_report`) and of the `rock_tokens.json` payload; rendering,
-front matter and files are `hf_rockopd.publishing.model_card`'s job.
+front matter and files are `hf_rockopd.publishing.model_card`'s job. The setup table and the config to rerun the run
+come from `card_setup`, the limitations from `limitations`.
 
 Example:
 ```python
@@ -12,43 +13,56 @@ Example:
 >>> sections = card_sections(report, {"tokens": [], "policy": "uniform"}, model_id="me/tiny")
 >>> print(sections["teacher"]["link"])
 [`HuggingFaceTB/SmolLM2-360M-Instruct`](https://huggingface.co/HuggingFaceTB/SmolLM2-360M-Instruct)
->>> sections["training"], sections["student"]["layers"]
-([('max_steps', '2')], "2 decoder layers (all of the base model's)")
+>>> sections["trainer"]["name"], sections["settings"][-1]
+('RockOPDTrainer', ('optimization', 'max_steps', '`2`'))
 ```
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+import yaml
 from transformers.utils import logging
 
 from .._version import __version__
-from .run_report import TRAINING_FIELDS
+from ..models.sources import GGUF_SOURCES
+from .card_setup import format_setting, hub_dataset_id, is_hub_id, reproduce_config, setting_rows
+from .limitations import limitations
 
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["EVAL_FIELDS", "card_sections", "default_license", "hub_dataset_id", "is_hub_id"]
+__all__ = ["DEFAULT_TRAINER", "EVAL_FIELDS", "card_sections", "default_license", "hub_dataset_id", "is_hub_id"]
 
-# `EvalResult` fields in table order (hf_rockopd.evaluation); other scalar keys of a result follow them.
+# `EvalResult` fields in table order (hf_rockopd.evaluation): outcome, answer shape, then divergences; other scalar
+# keys of a result follow them.
 EVAL_FIELDS = (
     "accuracy",
+    "accuracy_low",
+    "accuracy_high",
+    "teacher_accuracy",
     "num_problems",
+    "finished_rate",
+    "clipped_ratio",
+    "loop_rate",
+    "repeated_ngram_fraction",
+    "distinct_1",
+    "distinct_2",
+    "mean_completion_length",
+    "num_tokens",
+    "teacher_forced_divergence",
+    "teacher_forced_top1_agreement",
     "mean_divergence",
     "mean_divergence_non_rock",
     "rock_token_share",
     "top1_agreement",
-    "num_tokens",
-    "mean_completion_length",
-    "clipped_ratio",
 )
+# The trainer of reports written before they recorded one: `hf-rockopd distill` trained with RockOPDTrainer.
+DEFAULT_TRAINER = {"name": "RockOPDTrainer", "base": "GKDTrainer", "tags": ["trl", "gkd"]}
 
 
 def _number(value: Any) -> str:
@@ -81,11 +95,6 @@ def _delta(before: Any, after: Any) -> str:
     return _float(after - before, sign="+")
 
 
-def _setting(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, str) else value
-    return text.replace("|", "\\|").replace("`", "'")
-
-
 def _token_cell(token: Any) -> str:
     if token is None:
         return "(not decoded)"
@@ -93,48 +102,6 @@ def _token_cell(token: Any) -> str:
     cell = f"`` {repr(token).replace('|', chr(92) + '|')} ``"
     # Byte-level tokenizers decode a lone piece of a multi-byte character as U+FFFD; several rocks can look alike.
     return f"{cell} (part of a multi-byte character)" if "\ufffd" in token else cell
-
-
-def is_hub_id(name: str | None) -> bool:
-    """Whether `name` is a `namespace/name` Hub id (`huggingface_hub.utils.validate_repo_id`) and not a local path.
-
-    Bare names (`gpt2`, `train.jsonl`) are not linked: in a run report they are local files far more often than
-    legacy namespace-less Hub ids.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.publishing.card_sections import is_hub_id
-    >>> is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct"), is_hub_id("../data/train.jsonl"), is_hub_id("gpt2")
-    (True, False, False)
-    ```
-    """
-    if not name or "/" not in name or os.path.exists(name):
-        return False
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
-
-def hub_dataset_id(dataset: Mapping[str, Any]) -> str | None:
-    """The Hub id for the card's `datasets`; local GSM8K copies are the Hub's `openai/gsm8k`.
-
-    Example:
-    ```python
-    >>> from hf_rockopd.publishing.card_sections import hub_dataset_id
-    >>> hub_dataset_id({"name": "../shared/data/gsm8k/train.jsonl"}), hub_dataset_id({"name": "my_data.jsonl"})
-    ('openai/gsm8k', None)
-    ```
-    """
-    if dataset.get("hub_id"):
-        return str(dataset["hub_id"])
-    name = str(dataset.get("name") or "")
-    if is_hub_id(name):
-        return name
-    if "gsm8k" in name.lower():
-        return "openai/gsm8k"
-    return None
 
 
 def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -153,10 +120,10 @@ def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict
 
 def _eval_settings(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     b, a = before.get("settings") or {}, after.get("settings") or {}
-    parts = [f"{k}={_setting(a[k])}" for k in a if k in b and a[k] == b[k]]
+    parts = [f"{k}={format_setting(a[k])}" for k in a if k in b and a[k] == b[k]]
     # Some settings differ by design (the rock set exists only after training, timings): show both values.
     parts += [
-        f"{k}: {_setting(b.get(k))} before, {_setting(a.get(k))} after"
+        f"{k}: {format_setting(b.get(k))} before, {format_setting(a.get(k))} after"
         for k in dict.fromkeys([*b, *a])
         if not (k in a and k in b and a[k] == b[k])
     ]
@@ -165,6 +132,8 @@ def _eval_settings(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
 
 def _load_snippet(model_id: str, student: Mapping[str, Any]) -> str:
     base, kept = student["base_model"], student.get("kept_layers")
+    if not is_hub_id(base):  # a local base is no use to a reader (and its path is not published)
+        base = f"<Hub id or path of {os.path.basename(os.path.normpath(str(base)))}>"
     if not student.get("adapter"):
         return (
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
@@ -202,25 +171,20 @@ def _load_snippet(model_id: str, student: Mapping[str, Any]) -> str:
     )
 
 
-def _student_layers(student: Mapping[str, Any]) -> str:
-    kept, num = student.get("kept_layers"), student.get("num_layers")
-    if kept:
-        return f"{len(kept)} decoder layers, kept from the base model: {list(kept)}"
-    return f"{num} decoder layers (all of the base model's)" if num is not None else "as in the base model"
-
-
-def _student_weights(student: Mapping[str, Any]) -> str:
-    if not student.get("adapter"):
-        return "all weights (full fine-tuning); this repository holds the full model"
-    base = "a 4-bit nf4 (bitsandbytes) base, QLoRA" if student.get("load_in_4bit") else "a frozen base"
-    return f"a LoRA adapter on {base}; this repository holds the adapter only"
+def _score(row: Mapping[str, Any]) -> float:
+    value = row.get("rock_score")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else -math.inf
 
 
 def _rock_rows(rock_tokens: Mapping[str, Any] | None) -> tuple[list[dict[str, Any]], str]:
     if rock_tokens is None:
         return [], "No rock-token file was found for this run."
     rows = []
-    for rank, row in enumerate(rock_tokens.get("tokens") or [], start=1):
+    # Ranked by the Rock Score R(v), highest first, whatever order the policy stored them in (rows without a score
+    # last, in their stored order).
+    tokens = sorted(rock_tokens.get("tokens") or [], key=lambda row: -_score(row))
+    for rank, row in enumerate(tokens, start=1):
         rows.append(
             {
                 "rank": rank,
@@ -260,55 +224,92 @@ def default_license(report: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ sections ----
-def card_sections(report: Mapping[str, Any], rock_tokens: Mapping[str, Any] | None, model_id: str) -> dict[str, Any]:
+class _ConfigDumper(yaml.SafeDumper):
+    """Block-style mappings with one-line lists, as in examples/configs (`student_layers: [0, 1, ...]`)."""
+
+
+_ConfigDumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+
+
+def _trainer(report: Mapping[str, Any]) -> dict[str, Any]:
+    trainer = {**DEFAULT_TRAINER, **(report.get("trainer") or {})}
+    base = trainer.get("base")
+    trainer["phrase"] = f"a subclass of TRL's `{base}`" if base else "a transformers `Trainer`"
+    return trainer
+
+
+def _how_to_fill(model_id: str | None, name: str) -> tuple[str, str | None]:
+    """The loading snippet's model id, and how to fill it in when the run names no Hub repository."""
+    if model_id:
+        return model_id, None
+    placeholder = f"your-namespace/{name.split('/')[-1]}"
+    return placeholder, (
+        f"This run was not pushed to the Hub, so `{placeholder}` is a placeholder: upload the output directory "
+        f"(`hf upload {placeholder} <output_dir>`) and use your repository's id, or rerun with "
+        f"`--push_to_hub --hub_model_id {placeholder}` and render the card again "
+        f"(`hf-rockopd card <output_dir> --model_id {placeholder}`)."
+    )
+
+
+def _install_command(report: Mapping[str, Any], version: str) -> str:
+    lines = [f'pip install "hf_rockopd=={version}"']
+    teacher, student = report["teacher"], report["student"]
+    inherited = teacher.get("source") if student.get("base_model") == teacher.get("name") else None
+    for model, kind in ((teacher.get("name"), teacher.get("source")),
+                        (student.get("base_model"), student.get("source") or inherited)):
+        source = GGUF_SOURCES.get(model)
+        if source is not None and str(kind or "").startswith("gguf"):
+            # Without it the resolver would fall back to the full-precision Hub model: not what the run used.
+            lines.append(f"{source.install_command}  # the run's {model}: its offline GGUF")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def card_sections(
+    report: Mapping[str, Any], rock_tokens: Mapping[str, Any] | None, model_id: str | None
+) -> dict[str, Any]:
     """The template's variables for the card body (everything but the front matter and the curves image).
 
     `report` follows the `run_report.json` schema (`eval` may be `None`); `rock_tokens` is the `rock_tokens.json`
-    payload or `None`; `model_id` is the Hub id shown in the loading snippet.
+    payload or `None`; `model_id` is the Hub id shown in the loading snippet (`None`: a placeholder, with how to fill
+    it in).
 
     Example:
     ```python
     >>> from hf_rockopd.publishing.card_sections import card_sections
     >>> report = {"teacher": {"name": "t"}, "student": {"name": "s", "base_model": "b", "adapter": True},
     ...           "policy": {"name": "rock_freeze", "kwargs": {"weight": 0.0}}}
-    >>> card_sections(report, None, model_id="me/s")["policy"]
-    {'name': 'rock_freeze', 'kwargs': [('weight', '0.0')]}
+    >>> sections = card_sections(report, None, model_id=None)
+    >>> sections["settings"][3], sections["load_hint"][:36]
+    (('policy', 'weight', '`0.0`'), 'This run was not pushed to the Hub, ')
     ```
     """
     teacher, student = dict(report["teacher"]), dict(report["student"])
-    dataset = dict(report.get("dataset") or {})
-    policy = dict(report["policy"])
     evaluation = None
     if report.get("eval") and (report["eval"].get("before") or report["eval"].get("after")):
         before, after = report["eval"].get("before") or {}, report["eval"].get("after") or {}
         rows = _eval_rows(before, after)
         missing = any("—" in (row["before"], row["after"]) for row in rows)
         evaluation = {"rows": rows, "settings": _eval_settings(before, after), "missing": missing}
-
-    sizes = ", ".join(f"{dataset[k]} {k[4:]}" for k in ("num_train", "num_eval") if dataset.get(k) is not None)
-    training = dict(report.get("training") or {})
-    training_rows = [(k, _setting(training[k])) for k in TRAINING_FIELDS if k in training]
-    training_rows += [(k, _setting(v)) for k, v in sorted(training.items()) if k not in TRAINING_FIELDS]
     rows, empty_reason = _rock_rows(rock_tokens)
     name = str(teacher["name"])
+    version = report.get("hf_rockopd_version") or __version__
+    model_id, load_hint = _how_to_fill(model_id, str(student["name"]))
     return {
         "model_name": str(student["name"]),
-        "hf_rockopd_version": report.get("hf_rockopd_version") or __version__,
+        "hf_rockopd_version": version,
+        "trainer": _trainer(report),
         "teacher": {
             "name": name,
-            "source": teacher.get("source"),
             "link": f"[`{name}`](https://huggingface.co/{name})" if is_hub_id(name) else f"`{name}`",
         },
-        "student": {
-            "base_model": student["base_model"],
-            "layers": _student_layers(student),
-            "weights": _student_weights(student),
-        },
-        "dataset": {"name": dataset.get("name"), "sizes": sizes},
-        "policy": {"name": policy["name"], "kwargs": [(k, _setting(v)) for k, v in (policy.get("kwargs") or {}).items()]},
+        "limitations": limitations(report),
+        "settings": setting_rows(report),
         "rock_tokens": {"rows": rows, "step": (rock_tokens or {}).get("step"), "empty_reason": empty_reason},
-        "training": training_rows,
         "evaluation": evaluation,
         "load_snippet": _load_snippet(model_id, student),
-        "command": report.get("command"),
+        "load_hint": load_hint,
+        "install": _install_command(report, version),
+        "config_yaml": yaml.dump(reproduce_config(report), Dumper=_ConfigDumper, sort_keys=False, width=100),
     }

@@ -26,8 +26,9 @@ from huggingface_hub import ModelCard, ModelCardData
 from transformers.utils import logging
 
 from ..rock_set import decode_rock_rows, load_rock_tokens
-from .card_sections import EVAL_FIELDS, card_sections, default_license, hub_dataset_id, is_hub_id
-from .plots import plot_training_curves
+from .card_sections import DEFAULT_TRAINER, EVAL_FIELDS, card_sections, default_license
+from .card_setup import hub_dataset_id, is_hub_id
+from .plots import first_freeze_step, plot_training_curves
 from .run_report import (
     CARD_NAME,
     CURVES_NAME,
@@ -85,7 +86,8 @@ def build_model_card(
         rock_tokens: the `rock_tokens.json` payload, or `None` when there is none.
         curves_path: where to write the training-curves PNG; the card references it by file name, so put it next to
             the card. `None` renders no image.
-        model_id: the Hub id used in the loading snippet (default: `report["hub_model_id"]`, else a placeholder).
+        model_id: the Hub id used in the loading snippet (default: `report["hub_model_id"]`, else a placeholder and
+            how to fill it in).
         extra_tags: tags added to the required ones (the trainer's `_tag_names`).
         template_path: a Jinja template to use instead of the packaged `hf_rockopd/publishing/model_card.md.j2`.
 
@@ -107,7 +109,7 @@ def build_model_card(
     student = dict(report["student"])
     adapter = bool(student.get("adapter"))
     model_name = str(student["name"])
-    model_id = model_id or report.get("hub_model_id") or f"your-namespace/{model_name.split('/')[-1]}"
+    model_id = model_id or report.get("hub_model_id")
 
     tags = list(CARD_TAGS)
     extra = [*extra_tags, *(["peft", "lora"] if adapter else [])]
@@ -130,13 +132,15 @@ def build_model_card(
 
     log_history = report.get("log_history") or []
     curves_image = None
-    if curves_path is not None and plot_training_curves(log_history, curves_path) is not None:
+    title = f"{model_name}: training curves (token policy {report['policy']['name']})"
+    if curves_path is not None and plot_training_curves(log_history, curves_path, title=title) is not None:
         curves_image = os.path.basename(os.fspath(curves_path))
 
     return ModelCard.from_template(
         card_data,
         template_path=str(template),
         curves_image=curves_image,
+        frozen_at=first_freeze_step(log_history),
         **card_sections(report, rock_tokens, model_id),
     )
 
@@ -193,8 +197,8 @@ def render_model_card(
         rock_tokens,
         curves_path=curves_path if curves_path is not None else run_dir / CURVES_NAME,
         model_id=model_id,
-        # A run directory does not record its trainer base; `hf-rockopd distill` trains with RockOPDTrainer (GKD).
-        extra_tags=trainer_tags("gkd"),
+        # Reports written before the trainer was recorded come from RockOPDTrainer (TRL's GKD).
+        extra_tags=(report.get("trainer") or DEFAULT_TRAINER)["tags"],
         template_path=template_path,
     )
 

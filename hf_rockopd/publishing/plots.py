@@ -1,11 +1,19 @@
-"""Training curves for the model card: loss and the `rock/` and `completions/` metrics of a run, one panel each.
+"""Training curves for the model card: what the optimizer did and what the rock set did to it, on one figure.
+
+Panels are themes, not one per logged key: loss (with the divergence on non-rock tokens), learning rate, gradient
+norm, the token shares (frozen, down-weighted, trained), the rock set's size, the completions' length and clipped
+share, then any other `rock/` metric. A series that carries no information (never finite, or zero at every step, like
+`rock/grad_norm_share` while nothing is measured) is left out, and a series equal to another at every step is drawn
+once and named after both. A dashed line marks the first step where rock tokens were frozen or down-weighted.
 
 Example:
 ```python
 >>> import tempfile
->>> from hf_rockopd.publishing.plots import plot_training_curves
->>> history = [{"step": 1, "loss": 2.0, "rock/frozen_fraction": 0.1}, {"step": 2, "loss": 1.5}]
->>> plot_training_curves(history, tempfile.mkdtemp() + "/curves.png").endswith("curves.png")
+>>> from hf_rockopd.publishing.plots import first_freeze_step, plot_training_curves
+>>> history = [{"step": 1, "loss": 2.0, "rock/frozen_fraction": 0.0}, {"step": 2, "loss": 1.5, "rock/frozen_fraction": 0.2}]
+>>> first_freeze_step(history)
+2
+>>> plot_training_curves(history, tempfile.mkdtemp() + "/curves.png", title="demo").endswith("curves.png")
 True
 >>> plot_training_curves([{"step": 1, "train_runtime": 3.0}], "unused.png") is None  # nothing to plot
 True
@@ -24,58 +32,130 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["plot_training_curves"]
+__all__ = ["PANELS", "first_freeze_step", "plot_training_curves"]
+
+# (panel title, [(logged key, legend label)], y-axis label). Keys not listed here get a panel of their own when they are
+# `rock/` or `completions/` metrics; `train_*` summaries and `epoch` are never drawn.
+PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
+    ("loss", (("loss", "loss"), ("rock/mean_divergence_other", "divergence, non-rock tokens"),
+              ("rock/mean_divergence_rock", "divergence, rock tokens")), "per token"),
+    ("learning rate", (("learning_rate", "learning rate"),), ""),
+    ("gradient norm", (("grad_norm", "grad norm (before clipping)"),), ""),
+    ("completion tokens", (("rock/frozen_fraction", "frozen"), ("rock/down_weighted_fraction", "down-weighted"),
+                           ("rock/projected_fraction", "trained")), "share"),
+    ("rock set", (("rock/set_size", "rock tokens"), ("rock/candidates", "candidates")), "token types"),
+    ("rock set stability", (("rock/jaccard_prev", "Jaccard with the previous set"),), ""),
+    ("rock share of the signal", (("rock/divergence_mass_share", "divergence mass"),
+                                  ("rock/grad_norm_share", "gradient norm")), "share"),
+    ("completion length", (("completions/mean_length", "mean length"),), "tokens"),
+    ("completions cut at the limit", (("completions/clipped_ratio", "clipped"),), "share"),
+)
+_FREEZE_KEYS = ("rock/frozen_fraction", "rock/down_weighted_fraction")
 
 
-def _curve_keys(log_history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The logged keys that get a panel: `loss`, `eval_loss` first, then the `rock/` and `completions/` metrics."""
-    keys: dict[str, None] = {}
-    for entry in log_history:
-        if "step" not in entry:
-            continue
-        for key, value in entry.items():
-            plotted = key in ("loss", "eval_loss") or key.startswith(("rock/", "eval_rock/", "completions/"))
-            if plotted and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                keys[key] = None
-    return sorted(keys, key=lambda k: (k not in ("loss", "eval_loss"), k))
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def plot_training_curves(log_history: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> str | None:
-    """Plot loss and the `rock/` (and `completions/`) metrics of `log_history` against the step, one panel each.
+def _series(log_history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(e["step"], float(e[key])) for e in log_history if "step" in e and _is_number(e.get(key))]
 
-    Writes a PNG to `path` and returns it, or returns `None` (and writes nothing) when no such metric was logged.
+
+def first_freeze_step(log_history: Sequence[Mapping[str, Any]]) -> int | None:
+    """The first logged step at which some completion tokens were frozen or down-weighted (None if never).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.publishing.plots import first_freeze_step
+    >>> first_freeze_step([{"step": 3, "rock/down_weighted_fraction": 0.0}, {"step": 4, "rock/frozen_fraction": 0.1}])
+    4
+    ```
+    """
+    steps = [s for key in _FREEZE_KEYS for s, v in _series(log_history, key) if v > 0]
+    return min(steps) if steps else None
+
+
+def _informative(points: list[tuple[int, float]]) -> bool:
+    # Zero at every step is what a share logs while nothing is down-weighted yet: a flat line says nothing.
+    return any(v != 0 for _, v in points)
+
+
+def _panels(log_history: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[tuple[str, list]], str]]:
+    """The panels to draw: (title, [(label, points)], y label); duplicate series merged, empty ones dropped."""
+    listed = {key for _, series, _ in PANELS for key, _ in series}
+    extra = sorted(
+        {k for e in log_history if "step" in e for k in e if k.startswith(("rock/", "completions/")) and k not in listed}
+    )
+    layout = [*PANELS, *((key.split("/", 1)[1].replace("_", " "), ((key, key),), "") for key in extra)]
+    panels = []
+    for title, series, ylabel in layout:
+        drawn: list[tuple[str, list]] = []
+        for key, label in series:
+            points = _series(log_history, key)
+            if not points or (key.startswith("rock/") and not _informative(points)):
+                continue
+            same = next((i for i, (_, other) in enumerate(drawn) if other == points), None)
+            if same is not None:  # e.g. frozen == down-weighted when the policy's weight is 0
+                drawn[same] = (f"{drawn[same][0]} = {label}", points)
+            else:
+                drawn.append((label, points))
+        if drawn:
+            panels.append((title, drawn, ylabel))
+    return panels
+
+
+def plot_training_curves(
+    log_history: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str | None = None
+) -> str | None:
+    """Draw the training curves of `log_history` (`trainer.state.log_history`) to the PNG `path` and return it.
+
+    Returns `None` (and writes nothing) when no loss, optimizer, `rock/` or `completions/` metric was logged. `title`
+    goes above the panels.
 
     Example:
     ```python
     from hf_rockopd.publishing.plots import plot_training_curves
-    plot_training_curves(trainer.state.log_history, "training_curves.png")
+    plot_training_curves(trainer.state.log_history, "training_curves.png", title="SmolLM2-24L, rock_online")
     ```
     """
-    keys = _curve_keys(log_history)
-    if not keys:
+    panels = _panels(log_history)
+    if not panels:
         return None
     # The object-oriented API leaves pyplot's global state (and the user's backend) alone.
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    ncols = min(3, len(keys))
-    nrows = math.ceil(len(keys) / ncols)
-    figure = Figure(figsize=(4.2 * ncols, 2.8 * nrows), layout="constrained")
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    figure = Figure(figsize=(4.4 * ncols, 2.9 * nrows + (0.5 if title else 0)), layout="constrained")
+    if title:
+        figure.suptitle(title, fontsize=11)
     axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
     # One step range for every panel, so a metric logged only late in training is placed where it happened.
     all_steps = [e["step"] for e in log_history if "step" in e]
     pad = max(0.5, 0.03 * (max(all_steps) - min(all_steps)))
-    for ax, key in zip(axes, keys):
-        points = [(e["step"], e[key]) for e in log_history if "step" in e and isinstance(e.get(key), (int, float))]
-        steps, values = zip(*points)
-        ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3)
-        ax.set_title(key, fontsize=9)
+    frozen_at = first_freeze_step(log_history)
+    for ax, (name, drawn, ylabel) in zip(axes, panels):
+        for label, points in drawn:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+        if frozen_at is not None:
+            ax.axvline(frozen_at, color="tab:red", linestyle="--", linewidth=1,
+                       label=f"rocks first frozen (step {frozen_at})" if name == "loss" else None)
+        ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
+        if ylabel:
+            ax.set_ylabel(ylabel, fontsize=8)
+        if ylabel == "share" or name in ("learning rate", "rock set stability"):
+            # Shares on their whole range: a zoomed 0.75-1.0 axis makes a small change look like a collapse.
+            ax.set_ylim(0, 1.05 if ylabel == "share" or name == "rock set stability" else None)
         ax.set_xlim(min(all_steps) - pad, max(all_steps) + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in axes[len(keys):]:
+        if len(drawn) > 1 or (name == "loss" and frozen_at is not None):
+            ax.legend(fontsize=7)
+    for ax in axes[len(panels):]:
         ax.set_visible(False)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -4,10 +4,11 @@ This module owns the file: its name and the names of the files published beside 
 image), the training settings it records, its reader (with the checks a card needs) and its writer. `hf-rockopd
 distill` writes it at the end of a run; [`run_report_from_trainer`] builds the same schema from a live trainer.
 
-Schema (`*` required): `hf_rockopd_version`, `teacher.{name*, source}`, `student.{name*, base_model*, adapter*,
-kept_layers, num_layers, load_in_4bit}`, `dataset.{name, num_train, num_eval, hub_id}`, `policy.{name*, kwargs}`,
-`training` (the [`TRAINING_FIELDS`] and timings), `eval.{before*, after*}` (each an `EvalResult` dict or null),
-`log_history`, `command`, `license`, `language`, `hub_model_id`.
+Schema (`*` required): `hf_rockopd_version`, `trainer.{name, base, tags}`, `teacher.{name*, source, weights}`,
+`student.{name*, base_model*, adapter*, kept_layers, num_layers, base_num_layers, load_in_4bit, source, weights}`,
+`dataset.{name, hub_id, config, split, num_train, num_eval}`, `policy.{name*, kwargs}`, `training` (the
+[`TRAINING_FIELDS`], timings, `lora`), `distill_args` (the distill options), `eval.{before*, after*}` (each an
+`EvalResult` dict or null), `log_history`, `command`, `license`, `language`, `hub_model_id`.
 
 Example:
 ```python
@@ -46,6 +47,7 @@ __all__ = [
     "RunReportError",
     "load_run_report",
     "run_report_from_trainer",
+    "trainer_description",
     "write_run_report",
 ]
 
@@ -174,6 +176,25 @@ def _config_name(model: Any) -> str | None:
     return str(name) if name else None
 
 
+def trainer_description(trainer: Any) -> dict[str, Any]:
+    """What the card says about the trainer: its class, the TRL trainer it builds on and its Hub tags (`_tag_names`).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.publishing.run_report import trainer_description
+    >>> from trl import SFTTrainer
+    >>> class MyTrainer(SFTTrainer):
+    ...     _tag_names = ["trl", "sft"]
+    >>> trainer_description(MyTrainer.__new__(MyTrainer))
+    {'name': 'MyTrainer', 'base': 'SFTTrainer', 'tags': ['trl', 'sft']}
+    ```
+    """
+    cls = type(trainer)
+    # The nearest TRL class in the MRO names what the card calls "a subclass of TRL's ...".
+    base = next((c.__name__ for c in cls.__mro__[1:] if c.__module__.startswith("trl.")), None)
+    return {"name": cls.__name__, "base": base, "tags": list(getattr(trainer, "_tag_names", None) or [])}
+
+
 def run_report_from_trainer(trainer: Any, model_name: str, dataset_name: str | None = None) -> dict[str, Any]:
     """What a rock-token trainer knows about its run, in the `run_report.json` schema (`eval` is `None`).
 
@@ -205,6 +226,7 @@ def run_report_from_trainer(trainer: Any, model_name: str, dataset_name: str | N
     train_dataset = getattr(trainer, "train_dataset", None)
     return {
         "hf_rockopd_version": __version__,
+        "trainer": trainer_description(trainer),
         "teacher": {
             "name": teacher_name or f"{type(teacher).__name__} (in memory)",
             "source": "path" if teacher_name and os.path.isdir(teacher_name) else None,
