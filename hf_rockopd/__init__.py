@@ -12,8 +12,14 @@ trainer.train()
 """
 
 from ._version import __version__
-from .policies import TokenBatch, TokenPolicy, available_policies, get_policy, register_policy
-from .trainers import RockOPDConfig, RockOPDTrainer
+from .console import quiet_library_imports
+
+
+# The first import of TRL and transformers happens here, whichever submodule a user imports: their notices that are
+# about our own choices (TRL's GKD lives in trl.experimental) are filtered for these imports only.
+with quiet_library_imports():
+    from .policies import TokenBatch, TokenPolicy, available_policies, get_policy, register_policy
+    from .trainers import RockOPDConfig, RockOPDTrainer
 
 
 __all__ = [

@@ -25,17 +25,19 @@ from datasets import Dataset, load_dataset
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config, get_quantization_config
 
-from ._version import __version__
 from .commands.parsing import check_at_least, check_range
+from .console import PhaseLog, quiet_training
 from .gsm8k import load_gsm8k_problems
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,
+    describe_model_source,
     middle_block_layers,
     prune_decoder_layers,
     resolve_causal_lm,
 )
-from .publishing.run_report import TRAINING_FIELDS, write_run_report
+from .distill_output import clean_saved_config, compact_progress, distill_report
+from .publishing.run_report import write_run_report
 from .trainers.config import RockOPDConfig
 from .trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
 
@@ -267,14 +269,18 @@ def load_gsm8k_split(
 
 # ------------------------------------------------------------------------------------------------------ models ----
 def _load_models(
-    script: DistillArguments, model_args: StudentModelConfig, work_dir: str
+    script: DistillArguments, model_args: StudentModelConfig, work_dir: str, phases: PhaseLog
 ) -> tuple[ResolvedModel, Any, dict[str, Any]]:
-    teacher = resolve_causal_lm(script.teacher)
+    phases("loading teacher", script.teacher)
+    teacher = resolve_causal_lm(script.teacher, on_phase=phases)
+    source = teacher.source
     if script.student is None:
         base, base_name = teacher.model, script.teacher
         default_layers = min(24, base.config.num_hidden_layers)
     else:
-        student = resolve_causal_lm(script.student)
+        phases("loading student", script.student)
+        student = resolve_causal_lm(script.student, on_phase=phases)
+        source = student.source
         if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
             raise ValueError(
                 f"The student {script.student!r} and the teacher {script.teacher!r} have different tokenizers; "
@@ -303,9 +309,16 @@ def _load_models(
         "base_num_layers": total,
         "adapter": model_args.use_peft,
         "load_in_4bit": model_args.load_in_4bit,
+        # What was really loaded (a GGUF is a quantized copy, dequantized): the model card says it.
+        "source": source,
+        "weights": describe_model_source(base_name, source),
     }
     quantization = _quantization_config(model_args)
     if quantization is not None:
+        # bitsandbytes' notice about its optional CPU kernel is filtered at import (hf_rockopd.console); it matters
+        # only now that a 4-bit model is really used.
+        if not torch.cuda.is_available():
+            phases("4-bit student on CPU", "bitsandbytes' faster CPU kernel needs `pip install kernels`")
         from transformers import AutoModelForCausalLM
 
         # bitsandbytes quantizes at load time, so the pruned student goes through disk once.
@@ -390,17 +403,19 @@ def run_distillation(
     from .trainers.gkd import RockOPDTrainer
 
     started = time.perf_counter()
+    phases = PhaseLog(start=started)
     model_args = student_model_config(model_args)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     train_prompts, held_out = load_gsm8k_split(
         script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
     )
     with tempfile.TemporaryDirectory() as work_dir:
-        teacher, student, student_info = _load_models(script, model_args, work_dir)
+        teacher, student, student_info = _load_models(script, model_args, work_dir, phases)
         tokenizer = teacher.tokenizer
-        logger.warning(
-            f"Teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
-            f"{student_info['num_layers']} of its base's {student_info['base_num_layers']} layers."
+        phases(
+            "models ready",
+            f"teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
+            f"{student_info['num_layers']} of its base's {student_info['base_num_layers']} layers",
         )
 
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
@@ -410,9 +425,9 @@ def run_distillation(
         os.makedirs(args.output_dir, exist_ok=True)
         before = after = reference = None
         if problems:
-            logger.warning(f"The teacher's reference completions of {len(problems)} held-out problems.")
+            phases("teacher reference", f"the teacher's completions of {len(problems)} held-out problems")
             reference = _teacher_reference(teacher.model, tokenizer, problems, script, args)
-            logger.warning(f"Evaluating the student before training on {len(problems)} held-out problems.")
+            phases("evaluating before training", f"{len(problems)} held-out problems")
             before = _evaluate(student, teacher.model, tokenizer, problems, reference, script, args)
 
         trainer = RockOPDTrainer(
@@ -423,16 +438,21 @@ def run_distillation(
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
         )
+        compact_progress(trainer)
+        phases("training", f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs} epochs")
         train_started = time.perf_counter()
-        trainer.train()
+        with quiet_training():
+            trainer.train()
         train_seconds = time.perf_counter() - train_started
         rock_ids = trainer.rock_policy.rock_ids() or []
 
         if problems:
-            logger.warning(f"Evaluating the student after training ({len(rock_ids)} rock ids).")
+            phases("evaluating after training", f"{len(problems)} held-out problems, {len(rock_ids)} rock ids")
             model = trainer.accelerator.unwrap_model(trainer.model)
             after = _evaluate(model, teacher.model, tokenizer, problems, reference, script, args)
 
+        phases("saving", args.output_dir)
+        clean_saved_config(trainer.accelerator.unwrap_model(trainer.model))
         trainer.save_model(args.output_dir)  # also writes rock_tokens.json
         tokenizer.save_pretrained(args.output_dir)
         if trainer.is_world_process_zero():
@@ -442,43 +462,22 @@ def run_distillation(
                     path = os.path.join(args.output_dir, f"eval_{name}.json")
                     result.with_rock_ids(rock_ids).save(path, include_records=True)
 
-    report = {
-        "hf_rockopd_version": __version__,
-        "teacher": {"name": script.teacher, "source": teacher.source},
-        "student": student_info,
-        "dataset": {"name": script.dataset, "num_train": len(train_prompts), "num_eval": len(held_out)},
-        "policy": {"name": args.rock_policy, "kwargs": dict(args.rock_policy_kwargs or {})},
-        "training": {
-            **{name: getattr(args, name) for name in TRAINING_FIELDS},
-            "train_seconds": round(train_seconds, 1),
-            "lora": _lora_settings(model_args),
-        },
-        "eval": {
-            # Both columns use the rock set found in training (there is none before it).
-            "before": before.with_rock_ids(rock_ids).to_dict() if before else None,
-            "after": after.with_rock_ids(rock_ids).to_dict() if after else None,
-        },
-        "log_history": trainer.state.log_history,
-        "command": command or "run_distillation(...)",
-        "license": "apache-2.0",
-    }
+    report = distill_report(
+        script, args, model_args,
+        trainer=trainer, teacher_source=teacher.source, student_info=student_info,
+        num_train=len(train_prompts), num_eval=len(held_out), train_seconds=train_seconds,
+        # Both columns use the rock set found in training (there is none before it).
+        before=before.with_rock_ids(rock_ids).to_dict() if before else None,
+        after=after.with_rock_ids(rock_ids).to_dict() if after else None,
+        command=command,
+    )
     report["training"]["total_seconds"] = round(time.perf_counter() - started, 1)
     write_run_report(args.output_dir, report)
     card = None
     if trainer.is_world_process_zero():
         from .publishing.model_card import write_model_card
 
+        phases("model card", "rendering README.md and training_curves.png")
         card = write_model_card(args.output_dir)
+    phases("done", f"everything is in {args.output_dir}")
     return DistillResult(output_dir=args.output_dir, report=report, model_card=card)
-
-
-def _lora_settings(model_args: StudentModelConfig) -> dict[str, Any] | None:
-    if not model_args.use_peft:
-        return None
-    return {
-        "r": model_args.lora_r,
-        "alpha": model_args.lora_alpha,
-        "dropout": model_args.lora_dropout,
-        "target_modules": model_args.lora_target_modules,
-        "load_in_4bit": model_args.load_in_4bit,
-    }

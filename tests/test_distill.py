@@ -3,6 +3,7 @@ two steps on the real SmolLM2 pair."""
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -71,19 +72,37 @@ def tiny_run(tmp_path):
     return tmp_path, script, args
 
 
-def test_full_student_run_writes_model_report_card_and_rocks(tiny_run):
+def test_full_student_run_writes_model_report_card_and_rocks(tiny_run, capsys):
     tmp_path, script, args = tiny_run
     result = run_distillation(script(), args(), command="hf-rockopd distill --test")
+    printed = capsys.readouterr()
+    # Phase lines with the elapsed time on stderr; one compact line per logged step instead of a dict of metrics.
+    for phase in ("loading teacher", "evaluating before training", "training: 2 steps", "evaluating after training",
+                  "saving", "model card", "done"):
+        assert re.search(rf"^\[\d+:\d\d\] {phase}", printed.err, flags=re.M), phase
+    assert re.search(r"^step 2/2  loss \d\.\d{4}  frozen \d+\.\d%  clipped \d+%  \d+\.\d s/step$", printed.out, re.M)
+    assert "{'loss'" not in printed.out + printed.err
     run = tmp_path / "run"
     assert (run / "model.safetensors").is_file() and (run / "config.json").is_file()
     assert (run / "tokenizer.json").is_file() and (run / "rock_tokens.json").is_file()
 
     report = json.loads((run / "run_report.json").read_text())
     assert report == json.loads(json.dumps(result.report, default=str))
-    assert report["teacher"] == {"name": str(tmp_path / "teacher"), "source": "path"}
+    assert report["teacher"] == {
+        "name": str(tmp_path / "teacher"), "source": "path", "weights": "a local checkpoint (its path is not published)"
+    }
+    from hf_rockopd import RockOPDTrainer
+
+    assert report["trainer"] == {"name": "RockOPDTrainer", "base": "GKDTrainer", "tags": RockOPDTrainer._tag_names}
     assert report["student"]["kept_layers"] == [0, 3] and report["student"]["num_layers"] == 2
     assert report["student"]["adapter"] is False
-    assert report["dataset"] == {"name": script().dataset, "num_train": 8, "num_eval": 4}
+    assert report["dataset"] == {
+        "name": script().dataset, "hub_id": None, "config": "main", "split": "train", "num_train": 8, "num_eval": 4
+    }
+    assert report["distill_args"]["num_train_prompts"] == 8 and report["hub_model_id"] is None
+    # The saved config is for a user of the student: KV cache on, no GGUF display name.
+    config = json.loads((run / "config.json").read_text())
+    assert config["use_cache"] is True and "_model_name_or_path" not in config
     assert report["training"]["max_steps"] == 2 and report["training"]["train_seconds"] > 0
     assert report["command"] == "hf-rockopd distill --test"
     assert sum("loss" in log for log in report["log_history"]) == 2

@@ -22,6 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ..distill import DistillArguments, StudentModelConfig, run_distillation
 from ..policies import parse_policy_kwargs
 from ..publishing.run_report import RUN_REPORT_NAME
@@ -67,6 +69,27 @@ def _merge_policy_options(namespace: argparse.Namespace) -> None:
     if flags:
         kwargs.update(policy_options(namespace.rock_policy, flags))
     namespace.rock_policy_kwargs = kwargs
+
+
+def _current_option_names(namespace: argparse.Namespace) -> None:
+    """Pass values under the names transformers reads now, so it has no deprecation to print about our defaults.
+
+    `gradient_checkpointing` (TRL's default True, ours False) became `activation_checkpointing`; given only the old
+    name, TrainingArguments copies it over with a FutureWarning. The value moves here instead, unchanged. Pinned
+    memory needs an accelerator; without one torch warns and ignores it.
+    """
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if getattr(namespace, new, None) is None and getattr(namespace, old, None) is not None:
+            setattr(namespace, new, getattr(namespace, old))
+            setattr(namespace, old, None)
+    if getattr(namespace, "dataloader_pin_memory", False) and not torch.cuda.is_available():
+        namespace.dataloader_pin_memory = False
+
+
+def _prepare(namespace: argparse.Namespace) -> None:
+    _merge_policy_options(namespace)
+    _current_option_names(namespace)
 
 
 def build_parser() -> CommandParser:
@@ -119,7 +142,7 @@ DISTILL = Command(
     distill,
     renamed=RENAMED,
     defaults=DEFAULT_TRAINING_ARGS,
-    prepare=_merge_policy_options,
+    prepare=_prepare,
     extend=add_policy_options,
     with_argv=True,
 )

@@ -1,0 +1,68 @@
+"""The training progress of `hf-rockopd distill`: transformers' progress bar with one compact line per logged step.
+
+Example:
+```python
+from transformers.trainer_callback import ProgressCallback
+from hf_rockopd.trainers.progress import CompactProgressCallback
+trainer.remove_callback(ProgressCallback)
+trainer.add_callback(CompactProgressCallback())
+```
+"""
+
+from __future__ import annotations
+
+import time
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from ..console import compact_step_line
+
+
+__all__ = ["CompactProgressCallback"]
+
+
+class CompactProgressCallback(TrainerCallback):
+    """Trainer callback that prints [`~hf_rockopd.console.compact_step_line`] under the progress bar, instead of the
+    full log dict.
+
+    Install it in place of transformers' `ProgressCallback`, whose bar it keeps driving through
+    `progress_callback`; `trainer.state.log_history` still holds every metric.
+
+    Example:
+    ```python
+    from transformers.trainer_callback import ProgressCallback
+    from hf_rockopd.trainers.progress import CompactProgressCallback
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(CompactProgressCallback())
+    ```
+    """
+
+    def __init__(self):
+        self.progress = ProgressCallback()
+        self._last_time: float | None = None
+        self._last_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Start the bar and the step clock."""
+        self.progress.on_train_begin(args, state, control, **kwargs)
+        self._last_time, self._last_step = time.perf_counter(), state.global_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Move the bar."""
+        self.progress.on_step_end(args, state, control, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Write the compact line (seconds per step since the previous log)."""
+        if not state.is_world_process_zero or self.progress.training_bar is None:
+            return
+        now, steps = time.perf_counter(), state.global_step - self._last_step
+        seconds = (now - self._last_time) / steps if steps > 0 and self._last_time is not None else None
+        line = compact_step_line(logs or {}, state.global_step, state.max_steps, seconds)
+        if line is not None:
+            self._last_time, self._last_step = now, state.global_step
+            self.progress.training_bar.write(line)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Close the bar."""
+        self.progress.on_train_end(args, state, control, **kwargs)
