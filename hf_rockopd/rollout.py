@@ -319,7 +319,9 @@ def scored_chunks(
     teacher_device = next(teacher.parameters()).device
     max_positions = max(1, _SCORE_ENTRIES // vocab_size(student))
     chunks = _score_chunks(completion_ids, batch_size, max_positions)
-    for start, stop in tqdm(chunks, desc="score", disable=not show_progress):
+    # Counted in tokens, not batches: two batches of a 16-problem evaluation gave a bar that said nothing for minutes.
+    bar = tqdm(total=sum(len(c) for c in completion_ids), desc="score", unit="tok", disable=not show_progress)
+    for start, stop in chunks:
         completions = [list(c) for c in completion_ids[start:stop]]
         ids, mask, prompt_len = pack_completions(
             [list(p) for p in prompt_ids[start:stop]], completions, pad_token_id
@@ -330,7 +332,9 @@ def scored_chunks(
         cols = torch.cat([torch.arange(len(c)) for c in completions])
         s = s_logits[rows.to(device), cols.to(device)].float()
         t = t_logits[rows.to(teacher_device), cols.to(teacher_device)].float().to(device)
+        bar.update(len(rows))
         yield start, stop, s, t
+    bar.close()
 
 
 @torch.no_grad()

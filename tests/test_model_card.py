@@ -164,7 +164,7 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     assert setup["dataset"] == (
         "`openai/gsm8k` (config `main`, split `train`): 256 training prompts and 40 held-out problems, disjoint"
     )
-    assert setup["rock_policy"] == "`rock_online`" and setup["top_k"] == "`25`"
+    assert setup["rock_policy"] == "`rock_online`" and setup["policy.top_k"] == "`25`"
     groups = [row[0] for row in table(section(text, "Training")) if row[0]]
     assert groups == ["**models**", "**data**", "**policy**", "**optimization**"]
     assert "num_train_epochs" not in setup and "loss_chunk_size" not in setup
@@ -214,7 +214,8 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     }
 
     citation = section(text, "Citation")
-    assert "author        = {Yuxuan Jiang and Runchao Li and Shubhashis Roy Dipta and Dawei Li and Zhao Yang}" in citation
+    authors = "Yuxuan Jiang and Runchao Li and Shubhashis Roy Dipta and Dawei Li and Zhao Yang"
+    assert f"author        = {{{authors}}}" in citation
     assert "eprint        = {2605.09253}" in citation
     assert "On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes" in citation
 
@@ -535,7 +536,7 @@ def test_a_bad_run_card_states_its_limitations(tmp_path, tokenizer):
     run, _, _ = make_run(tmp_path, tokenizer, report=report)
     limits = section(ModelCard.load(write_model_card(run)).text, "Limitations")
     lines = [line for line in limits.splitlines() if line.startswith("- ")]
-    expected = [
+    expected = [  # noqa: ISC004 (each entry is one sentence, split to fit)
         "**Accuracy at or near zero.** It solved 0 of 16 held-out GSM8K problems (0.0 %; 95 % Wilson interval "
         "0.0-19.4 %). Its teacher solved 6.2 % of the same problems.",
         "**Answers cut at the limit.** 93.8 % of its answers ran to the 128-token limit without finishing (before "
@@ -588,7 +589,9 @@ def test_a_card_shows_no_local_path(tmp_path, tokenizer):
     write_rock_tokens(run, tokenizer)
     card = render_model_card(run, model_id="me/student")
     assert str(tmp_path) not in card.text and "/tmp" not in card.text
-    assert settings(card.text)["dataset"] == "a local JSONL file (`mine.jsonl`): 32 training prompts and 8 held-out problems, disjoint"
+    assert settings(card.text)["dataset"] == (
+        "a local JSONL file (`mine.jsonl`): 32 training prompts and 8 held-out problems, disjoint"
+    )
     assert settings(card.text)["student base"] == "a local model (`my-base`)"
     config = yaml.safe_load(code_block(section(card.text, "Reproduce"), "yaml"))
     assert config["dataset"] == "<your JSONL file with question/answer fields>"
@@ -598,7 +601,9 @@ def test_a_card_shows_no_local_path(tmp_path, tokenizer):
 
 def test_the_card_names_the_trainer_that_trained(tmp_path, tokenizer):
     report = make_report()
-    report["trainer"] = {"name": "RockDistillationTrainer", "base": "DistillationTrainer", "tags": ["trl", "distillation"]}
+    report["trainer"] = {
+        "name": "RockDistillationTrainer", "base": "DistillationTrainer", "tags": ["trl", "distillation"]
+    }
     report["hub_model_id"] = "me/smollm2-rockopd"
     run, _, _ = make_run(tmp_path, tokenizer, report=report)
     card = ModelCard.load(write_model_card(run))

@@ -457,14 +457,24 @@ def run_ablation(
         if not os.path.isfile(start_eval):
             start_result = _evaluate(start, teacher, tokenizer, problems, reference, ablate, args, rocks and rocks[0])
             _write_json(start_eval, start_result)
+        runs_started = time.perf_counter()
         for index, (policy, seed) in enumerate(pending):
-            logger.warning(f"Run {index + 1}/{len(pending)}: policy {policy}, seed {seed}.")
+            eta = _eta(runs_started, index, len(pending))
+            logger.warning(f"Run {index + 1}/{len(pending)}: policy {policy}, seed {seed}{eta}.")
             _run_one(
                 policy, seed, start, teacher, tokenizer, train, problems, reference, ablate, args, rocks, peft_config
             )
             trained.append((policy, seed))
     summary = write_summary(root)
     return {"trained": trained, "summary": summary}
+
+
+def _eta(started: float, done: int, total: int) -> str:
+    """`; about 12 min left` from the mean time of the runs done so far (nothing before the first ends)."""
+    if done == 0:
+        return ""
+    left = (time.perf_counter() - started) / done * (total - done)
+    return f"; {done} done, about {left / 60:.0f} min left" if left >= 60 else f"; {done} done, about {left:.0f} s left"
 
 
 def ablate(

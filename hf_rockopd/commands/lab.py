@@ -307,7 +307,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]
     frame = _lab().knockout(
         model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed,
+        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed, show_progress=True,
     )
     _print_frame(frame, args.out)
     counts = frame["verdict"].value_counts()

@@ -59,12 +59,15 @@ def knockout(
     alpha: float = 0.05,
     min_effect: float = 0.01,
     seed: int = 0,
+    show_progress: bool = False,
 ) -> pd.DataFrame:
     """Ban each token in turn at inference (greedy decoding) and test the accuracy change (the paper's §5).
 
     For each id, the per-problem correctness with the ban is compared with the unbanned baseline by `paired_bootstrap`;
     q-values are Benjamini-Hochberg over all ids. A token is a *Pillar* if the accuracy drops by at least `min_effect`
     and `q < alpha`, a *Stumbling* block if it rises by at least `min_effect` and `q < alpha`, else *Neutral*.
+
+    `show_progress` shows a bar over the decodings (the baseline, then one per id) with its ETA.
 
     Returns:
         one row per id: `token_id`, `token`, `accuracy`, `delta`, `ci_low`, `ci_high`, `p_value`, `q_value`,
@@ -81,13 +84,21 @@ def knockout(
     bad = [i for i in token_ids if not 0 <= int(i) < vocab]
     if bad:
         raise ValueError(f"Token ids {bad[:5]} are outside the model's vocabulary of {vocab} ids.")
+    from tqdm.auto import tqdm
+
+    # One decoding of every problem per step: the baseline, then one per banned id (minutes each on a CPU).
+    bar = tqdm(total=len(token_ids) + 1, desc="knockout", unit="decoding", disable=not show_progress)
     baseline = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=())
+    bar.update()
     rows = []
     for token_id in token_ids:
+        bar.set_postfix(token_id=int(token_id))
         banned = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=[int(token_id)])
+        bar.update()
         result = paired_bootstrap(baseline, banned, n_resamples=n_resamples, seed=seed, alpha=alpha)
         rows.append({"token_id": int(token_id), "token": tokenizer.decode([int(token_id)]),
                      "accuracy": float(banned.mean()), **result})
+    bar.close()
     frame = pd.DataFrame(rows)
     frame["q_value"] = benjamini_hochberg(frame["p_value"].to_numpy())
     significant = frame["q_value"] < alpha

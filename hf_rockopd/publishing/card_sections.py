@@ -281,8 +281,11 @@ def card_sections(
     >>> report = {"teacher": {"name": "t"}, "student": {"name": "s", "base_model": "b", "adapter": True},
     ...           "policy": {"name": "rock_freeze", "kwargs": {"weight": 0.0}}}
     >>> sections = card_sections(report, None, model_id=None)
-    >>> sections["settings"][3], sections["load_hint"][:36]
-    (('policy', 'weight', '`0.0`'), 'This run was not pushed to the Hub, ')
+    >>> [row for row in sections["settings"] if row[0] == "policy"]
+    [('policy', 'rock_policy', '`rock_freeze`'), ('policy', 'policy.weight', '`0.0`')]
+    >>> sections["load_hint"][:36]
+    'This run was not pushed to the Hub, '
+
     ```
     """
     teacher, student = dict(report["teacher"]), dict(report["student"])

@@ -50,6 +50,8 @@ SETTING_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Settings that change nothing a reader needs: memory chunking. Epochs and warm-up are dropped when they cannot act
 # (see `setting_rows`).
 DROPPED_SETTINGS = ("loss_chunk_size",)
+# Names with these endings are files, even when the file is not on this machine (a report rendered elsewhere).
+_FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".gguf", ".safetensors", ".bin")
 # `hf-rockopd distill --dataset_config`'s default (GSM8K's configuration), left out of the card when unchanged.
 _DEFAULT_DATASET_CONFIG = "main"
 
@@ -77,11 +79,13 @@ def is_hub_id(name: str | None) -> bool:
     Example:
     ```python
     >>> from hf_rockopd.publishing.card_setup import is_hub_id
-    >>> is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct"), is_hub_id("../data/train.jsonl"), is_hub_id("gpt2")
+    >>> is_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct"), is_hub_id("data/train.jsonl"), is_hub_id("gpt2")
     (True, False, False)
     ```
     """
     if not name or "/" not in name or os.path.exists(name) or name.startswith((".", "~")):
+        return False
+    if name.lower().endswith(_FILE_SUFFIXES):  # what distill reads as a file (load_gsm8k_split), run elsewhere
         return False
     try:
         validate_repo_id(name)
@@ -209,7 +213,9 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         rows.append(("data", "dataset", data))
     policy = dict(report["policy"])
     rows.append(("policy", "rock_policy", f"`{policy['name']}`"))
-    rows += [("policy", key, f"`{format_setting(value)}`") for key, value in (policy.get("kwargs") or {}).items()]
+    # Named as the command-line flags are (`--policy.top_k`), apart from the trainer settings of the same name.
+    kwargs = (policy.get("kwargs") or {}).items()
+    rows += [("policy", f"policy.{key}", f"`{format_setting(value)}`") for key, value in kwargs]
     listed = {key for _, keys in SETTING_GROUPS for key in keys}
     for group, keys in SETTING_GROUPS:
         rows += [(group, key, f"`{format_setting(training[key])}`") for key in keys if key in training]
@@ -233,8 +239,9 @@ def reproduce_config(report: Mapping[str, Any]) -> dict[str, Any]:
     >>> report = {"teacher": {"name": "t/t"}, "student": {"base_model": "t/t", "kept_layers": [0, 2]},
     ...           "dataset": {"name": "x/gsm8k.jsonl", "num_train": 8, "num_eval": 2},
     ...           "policy": {"name": "uniform", "kwargs": {}}, "training": {"max_steps": 2}}
-    >>> reproduce_config(report)
-    {'teacher': 't/t', 'student_layers': [0, 2], 'dataset': 'openai/gsm8k', 'num_train_prompts': 8, 'num_eval_problems': 2, 'rock_policy': 'uniform', 'max_steps': 2}
+    >>> config = reproduce_config(report)
+    >>> config["teacher"], config["student_layers"], config["dataset"], config["num_train_prompts"]
+    ('t/t', [0, 2], 'openai/gsm8k', 8)
     ```
     """
     teacher, student = report["teacher"], report["student"]

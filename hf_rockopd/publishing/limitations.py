@@ -53,7 +53,9 @@ def _accuracy(after: Mapping[str, Any], before: Mapping[str, Any] | None) -> lis
     if accuracy is None or n == 0:
         return []
     low, high = _number(after, "accuracy_low"), _number(after, "accuracy_high")
-    interval = f"; 95 % Wilson interval {100 * low:.1f}-{100 * high:.1f} %" if low is not None and high is not None else ""
+    interval = ""
+    if low is not None and high is not None:
+        interval = f"; 95 % Wilson interval {100 * low:.1f}-{100 * high:.1f} %"
     solved = f"It solved {round(accuracy * n)} of {n} held-out GSM8K problems ({_pct(accuracy)}{interval})."
     teacher = _number(after, "teacher_accuracy")
     if teacher is not None:
@@ -124,7 +126,8 @@ def _run(report: Mapping[str, Any]) -> list[str]:
         seen = f" of {batch} prompts each" if batch else ""
         prompts = f", from {dataset['num_train']} training prompts" if dataset.get("num_train") else ""
         lines.append(
-            f"**A short run.** {steps} optimizer steps{seen}{prompts}: a demonstration of the method, not a tuned model."
+            f"**A short run.** {steps} optimizer steps{seen}{prompts}: a demonstration of the method, not a tuned "
+            "model."
         )
     teacher = report.get("teacher") or {}
     if str(teacher.get("source") or "").startswith("gguf"):

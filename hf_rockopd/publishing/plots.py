@@ -10,7 +10,8 @@ Example:
 ```python
 >>> import tempfile
 >>> from hf_rockopd.publishing.plots import first_freeze_step, plot_training_curves
->>> history = [{"step": 1, "loss": 2.0, "rock/frozen_fraction": 0.0}, {"step": 2, "loss": 1.5, "rock/frozen_fraction": 0.2}]
+>>> history = [{"step": 1, "loss": 2.0, "rock/frozen_fraction": 0.0},
+...            {"step": 2, "loss": 1.5, "rock/frozen_fraction": 0.2}]
 >>> first_freeze_step(history)
 2
 >>> plot_training_curves(history, tempfile.mkdtemp() + "/curves.png", title="demo").endswith("curves.png")
@@ -44,7 +45,7 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
     ("completion tokens", (("rock/frozen_fraction", "frozen"), ("rock/down_weighted_fraction", "down-weighted"),
                            ("rock/projected_fraction", "trained")), "share"),
     ("rock set", (("rock/set_size", "rock tokens"), ("rock/candidates", "candidates")), "token types"),
-    ("rock set stability", (("rock/jaccard_prev", "Jaccard with the previous set"),), ""),
+    ("rock set stability", (("rock/jaccard_prev", "Jaccard with the previous set"),), "Jaccard vs. previous set"),
     ("rock share of the signal", (("rock/divergence_mass_share", "divergence mass"),
                                   ("rock/grad_norm_share", "gradient norm")), "share"),
     ("completion length", (("completions/mean_length", "mean length"),), "tokens"),
@@ -83,9 +84,13 @@ def _informative(points: list[tuple[int, float]]) -> bool:
 def _panels(log_history: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[tuple[str, list]], str]]:
     """The panels to draw: (title, [(label, points)], y label); duplicate series merged, empty ones dropped."""
     listed = {key for _, series, _ in PANELS for key, _ in series}
-    extra = sorted(
-        {k for e in log_history if "step" in e for k in e if k.startswith(("rock/", "completions/")) and k not in listed}
-    )
+    extra = sorted({
+        key
+        for entry in log_history
+        if "step" in entry
+        for key in entry
+        if key.startswith(("rock/", "completions/")) and key not in listed
+    })
     layout = [*PANELS, *((key.split("/", 1)[1].replace("_", " "), ((key, key),), "") for key in extra)]
     panels = []
     for title, series, ylabel in layout:
