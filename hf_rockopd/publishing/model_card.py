@@ -4,8 +4,10 @@ A run directory written by `hf-rockopd distill` holds `run_report.json` (models,
 evaluation before and after, `log_history`; see `hf_rockopd.publishing.run_report`) and `rock_tokens.json` (the
 trainer's final rock set; see `hf_rockopd.rock_set`). The card is the Jinja template
 `hf_rockopd/publishing/model_card.md.j2` (package data) filled from them: front matter from `ModelCardData` (never
-hand-written YAML), a body with the models, the policy, the rock tokens decoded, the training curves (a PNG written
-next to the card), the evaluation table, how to load the model and the citations.
+hand-written YAML), a body with the limitations the evaluation showed, the grouped training settings (models, data,
+policy, optimization, generation), the training curves (a PNG written next to the card), the rock tokens ranked by
+R(v), the evaluation table, how to load the model, how to reproduce the run and the citations. A card is published:
+it shows no local path.
 
 Example:
 ```python
