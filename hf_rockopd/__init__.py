@@ -19,10 +19,12 @@ from .console import quiet_library_imports
 # about our own choices (TRL's GKD lives in trl.experimental) are filtered for these imports only.
 with quiet_library_imports():
     from .policies import TokenBatch, TokenPolicy, available_policies, get_policy, register_policy
-    from .trainers import RockOPDConfig, RockOPDTrainer
+    from .trainers import RockDistillationConfig, RockDistillationTrainer, RockOPDConfig, RockOPDTrainer
 
 
 __all__ = [
+    "RockDistillationConfig",
+    "RockDistillationTrainer",
     "RockOPDConfig",
     "RockOPDTrainer",
     "TokenBatch",

@@ -43,6 +43,29 @@ def backbone(model: nn.Module) -> nn.Module:
     return stack
 
 
+def logit_scale(config: Any) -> float | None:
+    """The multiplier a model applies to its head's output before any soft-cap, from its (text) config; `None` when
+    it declares none.
+
+    Models name it differently: `logit_scale` (Cohere), `output_multiplier`, `lm_head_multiplier` (Falcon-H1), or a
+    divisor `logits_scaling` (Granite, MiniCPM3; a multiplier for HyperCLOVA X). TRL's `DistillationTrainer` reads
+    the same names, so both trainers compare the same distributions.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> logit_scale(SimpleNamespace(logits_scaling=4.0, model_type="granite")), logit_scale(SimpleNamespace())
+        (0.25, None)
+    """
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is None:
+        return None
+    return scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / scaling
+
+
 def logits_fn(model: nn.Module, head: nn.Module | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """Hidden states -> logits through the model's own output module, with its logit scale and soft-cap.
 
@@ -59,7 +82,7 @@ def logits_fn(model: nn.Module, head: nn.Module | None = None) -> Callable[[torc
     if head is None:
         raise ValueError(f"{type(model).__name__} has no output embeddings (`get_output_embeddings()` is None).")
     config = model.config.get_text_config()
-    scale = getattr(config, "logit_scale", None)
+    scale = logit_scale(config)
     softcap = getattr(config, "final_logit_softcapping", None)
     if (scale is None or scale == 1.0) and softcap is None:
         # The module itself, not a closure: a bare `nn.Linear` head gets the loss's hand-written, in-place gradient

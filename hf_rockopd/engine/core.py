@@ -348,10 +348,12 @@ class RockTokenEngine:
         num_items_in_batch: torch.Tensor | None = None,
         accumulation_steps: int = 1,
         metrics: MutableMapping[str, list] | None = None,
-    ) -> torch.Tensor:
+        return_plan: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, LossPlan]:
         """The weighted distillation loss of a causal-LM batch (`input_ids`, `attention_mask`, `labels` with -100
         outside completions), as `RockOPDTrainer.compute_loss` computes it. `model` is the student as the trainer
-        holds it (possibly DDP-wrapped); `training` defaults to `model.training`."""
+        holds it (possibly DDP-wrapped); `training` defaults to `model.training`. With `return_plan`, `(loss, plan)`:
+        the plan holds the weights and the scored divergences."""
         training = model.training if training is None else training
         target = inputs["labels"][:, 1:]
         plan = self.plan(
@@ -364,7 +366,8 @@ class RockTokenEngine:
         )
         student = self._unwrap(model)
         projection = self._redirect(model, student, self.project_causal_lm, student, inputs, plan)
-        return self.finish(plan, projection, metrics)
+        loss = self.finish(plan, projection, metrics)
+        return (loss, plan) if return_plan else loss
 
     def count_completions(
         self,

@@ -126,6 +126,9 @@ def normalizer(
         if training and num_items_in_batch is not None:
             # Global count over processes and accumulation steps; DDP then averages gradients over processes.
             return num_items_in_batch / num_processes
+        if num_items_in_batch is not None:
+            # Evaluation with a caller's count (no gradients are averaged): the divisor as given, as TRL does.
+            return torch.as_tensor(num_items_in_batch, device=n_valid.device)
         return n_valid * accumulation
     return row_weights.sum() * accumulation
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging as py_logging
-import os
 import random
-import textwrap
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +11,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
@@ -22,8 +19,8 @@ from ..engine import RockTokenEngine, build_policy, check_supported_setup
 from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
-from ..publishing.model_card import model_card_from_trainer, trainer_tags
-from ..publishing.run_report import CARD_NAME
+from ..publishing.model_card import trainer_tags
+from .common import PAPER, RockTrainerMixin, loss_output, refuse_prediction_hooks
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
 
@@ -52,7 +49,7 @@ def _without_gkd_migration_warning():
         gkd_logger.removeFilter(drop)
 
 
-class RockOPDTrainer(GKDTrainer):
+class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
     """On-policy distillation with a token-weighted divergence and pluggable rock-token policies.
 
     A drop-in [`~trl.experimental.gkd.GKDTrainer`]: same arguments (a teacher given as a model or a name, `peft_config`
@@ -62,10 +59,18 @@ class RockOPDTrainer(GKDTrainer):
     only for the positions that carry weight, `loss_chunk_size` rows at a time, so frozen tokens cost nothing and the
     full `(batch, length, vocab)` logits never exist.
 
+    Differences from `GKDTrainer` a user can see (the README's "Differences" table lists them all): `compute_metrics`
+    and `preprocess_logits_for_metrics` are refused (evaluation returns no logits), and `compute_loss(...,
+    return_outputs=True)` returns a [`~hf_rockopd.trainers.common.RockLossOutput`] (per-position weights and
+    divergences) instead of the student's full outputs.
+
     Args:
-        model, teacher_model, args, data_collator, train_dataset, eval_dataset, processing_class, compute_metrics,
-        callbacks, optimizers, preprocess_logits_for_metrics, peft_config, formatting_func:
-            As for `GKDTrainer`. `args` is a [`RockOPDConfig`].
+        model, teacher_model, args, data_collator, train_dataset, eval_dataset, processing_class, callbacks,
+        optimizers, peft_config, formatting_func:
+            As for `GKDTrainer`. `args` is a [`RockOPDConfig`]. As in `GKDTrainer`, `args.teacher_model_init_kwargs`
+            with a teacher that is already a model is a `ValueError`.
+        compute_metrics, preprocess_logits_for_metrics:
+            Must be `None` (a `ValueError` otherwise): evaluation reports `eval_loss` and `eval_rock/*` only.
         rock_policy ([`~hf_rockopd.policies.TokenPolicy`] or `str`, *optional*):
             A policy object, or a registered name; overrides `args.rock_policy` (and, with a name,
             `args.rock_policy_kwargs` still apply).
@@ -90,18 +95,7 @@ class RockOPDTrainer(GKDTrainer):
 
     _tag_names = trainer_tags("gkd")
     _name = "RockOPD"
-    _paper = {
-        "title": "Cornerstones or Stumbling Blocks? Deciphering the Rock Tokens in On-Policy Distillation",
-        "id": "2605.09253",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @misc{rocktokens2026,
-                title         = {{Cornerstones or Stumbling Blocks? Deciphering the Rock Tokens in On-Policy Distillation}},
-                year          = 2026,
-                eprint        = {2605.09253},
-                archivePrefix = {arXiv},
-            }"""),
-    }
+    _paper = PAPER
     # `compute_loss` normalizes over the whole accumulated batch itself (see `get_batch_samples`).
     loss_is_scaled_for_ga = True
 
@@ -132,6 +126,13 @@ class RockOPDTrainer(GKDTrainer):
             )
         if teacher_model is None:
             raise ValueError("RockOPDTrainer needs a teacher_model (a model or a model name/path).")
+        if args.teacher_model_init_kwargs is not None and not isinstance(teacher_model, str):
+            # GKDTrainer raises here too; checked before any model loads.
+            raise ValueError(
+                "You passed teacher_model_init_kwargs to the RockOPDConfig, but your teacher_model is already "
+                "instantiated: the kwargs would be ignored. Pass the teacher as a name/path, or drop the kwargs."
+            )
+        refuse_prediction_hooks("RockOPDTrainer", compute_metrics, preprocess_logits_for_metrics)
         if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
         check_supported_setup(args, fsdp2=True)
@@ -217,19 +218,6 @@ class RockOPDTrainer(GKDTrainer):
             if isinstance(module, PreTrainedModel):
                 module._is_fsdp_managed_module = True
 
-    @property
-    def rock_policy(self) -> TokenPolicy:
-        """The token policy that weights each completion token (the engine's)."""
-        return self.rock_engine.policy
-
-    @rock_policy.setter
-    def rock_policy(self, policy: TokenPolicy) -> None:
-        self.rock_engine.policy = policy
-
-    @property
-    def _vocab_size(self) -> int:
-        return self.rock_engine.vocab_size
-
     # -------------------------------------------------------------------------------------------- generation ----
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """Fetch the accumulation step's micro-batches; their completions are generated in `training_step`.
@@ -291,8 +279,15 @@ class RockOPDTrainer(GKDTrainer):
 
     # ------------------------------------------------------------------------------------------------- loss ----
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The weighted divergence of a batch (`input_ids`, `attention_mask`, `labels` with -100 outside completions).
+
+        `num_items_in_batch` divides the `"tokens"` normalization: in training the global count of the accumulation
+        step (what `training_step` passes), in evaluation a caller's count used as given; `None` in evaluation is the
+        mean over the batch's completion tokens. With `return_outputs=True` the result is `(loss,
+        RockLossOutput)`: per-position weights, divergences and mask, not logits.
+        """
         training = self.model.training
-        loss = self.rock_engine.compute_loss(
+        loss, plan = self.rock_engine.compute_loss(
             model,
             inputs,
             step=self.state.global_step,
@@ -300,8 +295,9 @@ class RockOPDTrainer(GKDTrainer):
             num_items_in_batch=num_items_in_batch,
             accumulation_steps=getattr(self, "current_gradient_accumulation_steps", 1),
             metrics=self._metrics["train" if training else "eval"],
+            return_plan=True,
         )
-        return (loss, None) if return_outputs else loss
+        return (loss, loss_output(loss, plan)) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         # Distillation has no logits worth returning (they would be (B, L, V)); evaluation reports the loss only.
@@ -309,68 +305,3 @@ class RockOPDTrainer(GKDTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
-
-    # ----------------------------------------------------------------------------------------- state & files ----
-    def train(self, *args, **kwargs):
-        output = super().train(*args, **kwargs)
-        if self.is_world_process_zero():
-            self.write_rock_tokens(self.args.output_dir)
-        return output
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
-            self.write_rock_tokens(output_dir or self.args.output_dir)
-
-    def _save_checkpoint(self, model, trial):
-        # The policy state goes in first: a run killed while the model is being written still finds it on resume.
-        if self.is_world_process_zero():
-            run_dir = self._get_output_dir(trial=trial)
-            self.rock_engine.save_policy_state(
-                os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            )
-        super()._save_checkpoint(model, trial)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
-            self.rock_engine.load_policy_state(checkpoint)
-
-    def write_rock_tokens(self, directory: str) -> str:
-        """Write the policy's current rock set, decoded, to `directory/rock_tokens.json`; return the path."""
-        return self.rock_engine.write_rock_tokens(directory, step=self.state.global_step)
-
-    def create_model_card(
-        self,
-        model_name: str | None = None,
-        dataset_name: str | None = None,
-        tags: str | list[str] | None = None,
-        language: str | None = None,
-        license: str | None = None,
-        finetuned_from: str | None = None,
-        tasks: str | list[str] | None = None,
-        dataset_tags: str | list[str] | None = None,
-        dataset: str | list[str] | None = None,
-        dataset_args: str | list[str] | None = None,
-    ) -> None:
-        """Write this run's card (`hf_rockopd.publishing`) to `output_dir/README.md`, replacing TRL's generic one.
-
-        Called by `push_to_hub` (with transformers' keyword arguments) and at every checkpoint (TRL's, with
-        `model_name`). `tasks`, `dataset_tags` and `dataset_args` are accepted for compatibility and unused: the card's
-        pipeline tag is always `text-generation`. With a `run_report.json` in the output directory the card holds its
-        evaluation table.
-        """
-        if not self.is_world_process_zero():
-            return
-        if dataset_name is None and dataset is not None:
-            dataset_name = dataset if isinstance(dataset, str) else dataset[0]
-        card = model_card_from_trainer(
-            self,
-            model_name=model_name,
-            dataset_name=dataset_name,
-            tags=tags,
-            license=license,
-            language=language,
-            finetuned_from=finetuned_from,
-        )
-        card.save(os.path.join(self.args.output_dir, CARD_NAME))

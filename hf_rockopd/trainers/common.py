@@ -1,0 +1,204 @@
+"""What every rock-token trainer adds to its TRL base besides the loss: the policy's files and card, shared.
+
+[`RockTrainerMixin`] goes first in a trainer's bases (`class T(RockTrainerMixin, TRLTrainer)`) and expects
+`self.rock_engine` (a [`~hf_rockopd.engine.RockTokenEngine`]); [`RockLossOutput`] is what `compute_loss(...,
+return_outputs=True)` returns with the loss.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import ModelOutput, logging
+
+from ..engine import LossPlan
+from ..policies import TokenPolicy
+from ..publishing.model_card import model_card_from_trainer
+from ..publishing.run_report import CARD_NAME
+
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["PAPER", "RockLossOutput", "RockTrainerMixin", "loss_output", "refuse_prediction_hooks"]
+
+PAPER = {
+    "title": "Cornerstones or Stumbling Blocks? Deciphering the Rock Tokens in On-Policy Distillation",
+    "id": "2605.09253",
+    # docstyle-ignore
+    "citation": textwrap.dedent("""\
+        @misc{rocktokens2026,
+            title         = {{Cornerstones or Stumbling Blocks? Deciphering the Rock Tokens in On-Policy Distillation}},
+            year          = 2026,
+            eprint        = {2605.09253},
+            archivePrefix = {arXiv},
+        }"""),
+}
+
+
+@dataclass
+class RockLossOutput(ModelOutput):
+    """The per-position view of one micro-batch's loss, returned by `compute_loss(..., return_outputs=True)`.
+
+    Logits are not returned: they would be `(batch, length, vocab)`, which the chunked loss never builds.
+
+    Args:
+        loss (`torch.Tensor`): the scalar loss (the one returned beside this object).
+        weights (`torch.Tensor`): `(batch, positions)` float32 weight of each loss position (0 outside the mask).
+        divergence (`torch.Tensor`): `(batch, positions)` float32 per-position divergence where it was scored
+            (weighted and probed rows), 0 elsewhere; detached.
+        mask (`torch.Tensor`): `(batch, positions)` bool, the positions that count (completion tokens, not tool output).
+        token_ids (`torch.Tensor`): `(batch, positions)` the token each position predicts (0 outside the mask).
+
+    Example:
+    ```python
+    >>> import torch
+    >>> from hf_rockopd.trainers.common import RockLossOutput
+    >>> out = RockLossOutput(loss=torch.tensor(0.5), weights=torch.ones(1, 2))
+    >>> sorted(out.keys())
+    ['loss', 'weights']
+    ```
+    """
+
+    loss: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    divergence: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    token_ids: torch.Tensor | None = None
+
+
+def loss_output(loss: torch.Tensor, plan: LossPlan) -> RockLossOutput:
+    """The [`RockLossOutput`] of a finished plan.
+
+    Example: `RockOPDTrainer.compute_loss(model, inputs, return_outputs=True)` returns `(loss, loss_output(...))`.
+    """
+    batch = plan.batch
+    divergence = batch.divergence if batch.divergence is not None else torch.zeros_like(plan.weights)
+    return RockLossOutput(
+        loss=loss, weights=plan.weights, divergence=divergence, mask=batch.mask, token_ids=batch.token_ids
+    )
+
+
+def refuse_prediction_hooks(trainer_name: str, compute_metrics: Any, preprocess_logits_for_metrics: Any) -> None:
+    """`ValueError` when either hook is given: the trainers return no logits from evaluation, so Transformers would
+    never call them, and a silently ignored metric is worse than an error.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers.common import refuse_prediction_hooks
+    >>> refuse_prediction_hooks("RockOPDTrainer", None, None)  # nothing given: fine
+    ```
+    """
+    given = [
+        name
+        for name, value in (
+            ("compute_metrics", compute_metrics),
+            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
+        )
+        if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"{trainer_name} does not support {' and '.join(given)}: its evaluation returns no logits (they would be "
+            "(batch, length, vocab), which the chunked loss never builds), so the hook would never be called. "
+            "Evaluation reports eval_loss and the eval_rock/* metrics; for task metrics evaluate the saved model "
+            "(`hf-rockopd evaluate`, hf_rockopd.evaluation) or use a TrainerCallback's on_evaluate."
+        )
+
+
+class RockTrainerMixin:
+    """The policy's checkpoint state, `rock_tokens.json` and model card of a rock-token trainer.
+
+    Needs `self.rock_engine`; the other attributes are the Transformers `Trainer`'s.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers import RockDistillationTrainer, RockOPDTrainer
+    >>> from hf_rockopd.trainers.common import RockTrainerMixin
+    >>> RockOPDTrainer.__mro__[1] is RockTrainerMixin is RockDistillationTrainer.__mro__[1]
+    True
+    ```
+    """
+
+    rock_engine: Any
+
+    @property
+    def rock_policy(self) -> TokenPolicy:
+        """The token policy that weights each completion token (the engine's)."""
+        return self.rock_engine.policy
+
+    @rock_policy.setter
+    def rock_policy(self, policy: TokenPolicy) -> None:
+        self.rock_engine.policy = policy
+
+    @property
+    def _vocab_size(self) -> int:
+        return self.rock_engine.vocab_size
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        if self.is_world_process_zero():
+            self.write_rock_tokens(self.args.output_dir)
+        return output
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            self.write_rock_tokens(output_dir or self.args.output_dir)
+
+    def _save_checkpoint(self, model, trial):
+        # The policy state goes in first: a run killed while the model is being written still finds it on resume.
+        if self.is_world_process_zero():
+            run_dir = self._get_output_dir(trial=trial)
+            self.rock_engine.save_policy_state(
+                os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            )
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.rock_engine.load_policy_state(checkpoint)
+
+    def write_rock_tokens(self, directory: str) -> str:
+        """Write the policy's current rock set, decoded, to `directory/rock_tokens.json`; return the path."""
+        return self.rock_engine.write_rock_tokens(directory, step=self.state.global_step)
+
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+        language: str | None = None,
+        license: str | None = None,
+        finetuned_from: str | None = None,
+        tasks: str | list[str] | None = None,
+        dataset_tags: str | list[str] | None = None,
+        dataset: str | list[str] | None = None,
+        dataset_args: str | list[str] | None = None,
+    ) -> None:
+        """Write this run's card (`hf_rockopd.publishing`) to `output_dir/README.md`, replacing TRL's generic one.
+
+        Called by `push_to_hub` (with transformers' keyword arguments) and at every checkpoint (TRL's, with
+        `model_name`). `tasks`, `dataset_tags` and `dataset_args` are accepted for compatibility and unused: the card's
+        pipeline tag is always `text-generation`. With a `run_report.json` in the output directory the card holds its
+        evaluation table.
+        """
+        if not self.is_world_process_zero():
+            return
+        if dataset_name is None and dataset is not None:
+            dataset_name = dataset if isinstance(dataset, str) else dataset[0]
+        card = model_card_from_trainer(
+            self,
+            model_name=model_name,
+            dataset_name=dataset_name,
+            tags=tags,
+            license=license,
+            language=language,
+            finetuned_from=finetuned_from,
+        )
+        card.save(os.path.join(self.args.output_dir, CARD_NAME))

@@ -1,0 +1,141 @@
+"""`RockTokenArguments`: the rock-token fields that every trainer config of the package adds to its TRL base.
+
+[`~hf_rockopd.trainers.RockOPDConfig`] (on `GKDConfig`) and [`~hf_rockopd.trainers.RockDistillationConfig`] (on
+`DistillationConfig`) both inherit this dataclass, so a field, its help text and its checks exist once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policies import available_policies, build_policy_options, parse_policy_kwargs
+
+
+__all__ = ["NORMALIZATIONS", "RockTokenArguments", "accelerator_supports_bf16"]
+
+NORMALIZATIONS = ("tokens", "weights")
+
+
+def accelerator_supports_bf16() -> bool:
+    """Whether a bf16-capable accelerator (CUDA with bf16, or XPU) is present.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers.fields import accelerator_supports_bf16
+    >>> isinstance(accelerator_supports_bf16(), bool)
+    True
+    ```
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
+
+
+@dataclass
+class RockTokenArguments:
+    r"""
+    The rock-token fields of a trainer config; mixed into a TRL config before it (`class C(RockTokenArguments,
+    TRLConfig)`), so that TRL's fields keep their order (`output_dir` stays the first positional argument).
+
+    Parameters:
+        rock_policy (`str`, *optional*, defaults to `"rock_online"`):
+            Registered name of the token policy that weights each completion token (see
+            `hf_rockopd.policies.available_policies()`). A policy object passed to the trainer overrides it.
+        rock_policy_kwargs (`dict[str, Any]` or `str`, *optional*):
+            Keyword arguments of the policy, as a dict or a JSON object string.
+        rock_probe_fraction (`float`, *optional*, defaults to `0.0`):
+            Fraction of zero-weight positions that are still scored (forward only, no gradient), so that metrics and
+            online statistics keep measuring frozen tokens. `0.0` projects no frozen position at all.
+        rock_policy_reset_on_resume (`bool`, *optional*, defaults to `False`):
+            When resuming from a checkpoint whose policy state is missing or unreadable, continue with a fresh policy
+            (with a warning) instead of failing.
+        rock_normalization (`str`, *optional*, defaults to `"tokens"`):
+            `"tokens"`: divide the weighted divergence sum by the number of valid completion tokens of the global
+            batch (all processes and accumulation steps), so down-weighting tokens never raises the effective learning
+            rate of the others. `"weights"`: divide by the sum of the weights of each micro-batch (the paper's
+            soft-weight ablation, whose effective learning rate grows as tokens are frozen).
+        loss_chunk_size (`int`, *optional*, defaults to `512`):
+            Rows projected through the output heads at once; loss memory is `O(loss_chunk_size × vocab)`.
+        loss_temperature (`float`, *optional*, defaults to `1.0`):
+            Temperature of the distributions inside the divergence (the paper: 1).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers import RockDistillationConfig, RockOPDConfig
+    >>> from hf_rockopd.trainers.fields import RockTokenArguments
+    >>> issubclass(RockOPDConfig, RockTokenArguments) and issubclass(RockDistillationConfig, RockTokenArguments)
+    True
+    ```
+    """
+
+    rock_policy: str = field(
+        default="rock_online",
+        metadata={"help": "Registered name of the token policy (see hf_rockopd.policies.available_policies())."},
+    )
+    rock_policy_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of the policy, as a dict or a JSON object string."},
+    )
+    rock_probe_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Fraction of zero-weight positions still scored (forward only) for metrics and online statistics."
+        },
+    )
+    rock_policy_reset_on_resume: bool = field(
+        default=False,
+        metadata={
+            "help": "On resume, continue with a fresh policy when the checkpoint's policy state is missing or "
+            "unreadable, instead of failing."
+        },
+    )
+    rock_normalization: str = field(
+        default="tokens",
+        metadata={
+            "help": "'tokens': divide by the valid completion tokens of the global batch; 'weights': divide by the "
+            "sum of the weights of each micro-batch.",
+            "choices": list(NORMALIZATIONS),
+        },
+    )
+    loss_chunk_size: int = field(
+        default=512,
+        metadata={"help": "Rows projected through the output heads at once (loss memory is chunk x vocab)."},
+    )
+    loss_temperature: float = field(
+        default=1.0,
+        metadata={"help": "Temperature of the distributions inside the divergence."},
+    )
+
+    def _bf16_off_without_accelerator(self) -> None:
+        # TRL turns bf16 on when unset; on a machine without a bf16 accelerator that is an error in transformers.
+        # Fall back to float32 there, so the same script runs on a laptop and on a GPU. Call before TRL's checks.
+        if self.bf16 is None and not self.fp16 and not self.use_cpu and not accelerator_supports_bf16():
+            self.bf16 = False
+
+    def _check_rock_fields(self) -> None:
+        """Range checks of the fields above (`ValueError` naming the field and the value), and the policy options
+        parsed and checked by the policy's options dataclass."""
+        if self.rock_normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"rock_normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.rock_normalization!r}."
+            )
+        if isinstance(self.loss_chunk_size, bool) or int(self.loss_chunk_size) != self.loss_chunk_size:
+            raise ValueError(f"loss_chunk_size must be an integer >= 1, got {self.loss_chunk_size!r}.")
+        if self.loss_chunk_size < 1:
+            raise ValueError(f"loss_chunk_size must be an integer >= 1, got {self.loss_chunk_size}.")
+        if not math.isfinite(self.loss_temperature) or self.loss_temperature <= 0:
+            raise ValueError(f"loss_temperature must be > 0, got {self.loss_temperature}.")
+        if not 0.0 <= self.rock_probe_fraction <= 1.0:
+            raise ValueError(f"rock_probe_fraction must be in [0, 1], got {self.rock_probe_fraction}.")
+        self.rock_policy_kwargs = parse_policy_kwargs(self.rock_policy_kwargs)
+        if self.rock_policy not in available_policies():
+            raise ValueError(
+                f"Unknown rock_policy {self.rock_policy!r}. Available policies: {', '.join(available_policies())}. "
+                "Register your own with hf_rockopd.policies.register_policy before creating the config."
+            )
+        # Checked by the policy's options dataclass (the one place policy options are checked), as the checked values.
+        self.rock_policy_kwargs = build_policy_options(self.rock_policy, self.rock_policy_kwargs)
