@@ -40,6 +40,8 @@ from .distill_output import clean_saved_config, compact_progress, distill_report
 from .publishing.run_report import write_run_report
 from .trainers.config import RockOPDConfig
 from .trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
+from .distill_trainer import TRAINER_CHOICES, VLLM_MODES, build_trainer, distillation_config
+from .trainers.distillation import check_vllm_available
 
 logger = logging.get_logger(__name__)
 
@@ -85,6 +87,18 @@ class DistillArguments:
             Problems generated at once.
         skip_eval (`bool`, *optional*, defaults to `False`):
             Train and save without the before/after evaluation.
+
+        > Trainer
+
+        trainer (`str`, *optional*, defaults to `"gkd"`):
+            `"gkd"`: [`~hf_rockopd.RockOPDTrainer`] (TRL's `GKDTrainer`; every published number of the README).
+            `"distillation"`: [`~hf_rockopd.RockDistillationTrainer`] (TRL's stable `DistillationTrainer`: vLLM
+            generation, tool calling); the training options are carried over (`max_new_tokens` becomes
+            `max_completion_length`), and `lmbda`/`seq_kd` must keep their on-policy defaults.
+        use_vllm (`bool`, *optional*, defaults to `False`):
+            Generate with vLLM (`--trainer distillation` only); checked before any model loads.
+        vllm_mode (`str`, *optional*, defaults to `"colocate"`):
+            `"colocate"` (vLLM in the training process, one GPU) or `"server"` (a `trl vllm-serve` process).
     """
 
     teacher: str = field(default=SMOLLM2_ID, metadata={"help": "Hub id or local path of the teacher."})
@@ -107,6 +121,19 @@ class DistillArguments:
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
+    trainer: str = field(
+        default="gkd",
+        metadata={
+            "help": "gkd: RockOPDTrainer (TRL's GKDTrainer); distillation: RockDistillationTrainer (TRL's "
+            "DistillationTrainer, with vLLM generation).",
+            "choices": list(TRAINER_CHOICES),
+        },
+    )
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (--trainer distillation only)."})
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "vLLM mode: colocate (one GPU) or server (trl vllm-serve).", "choices": list(VLLM_MODES)},
+    )
 
     def __post_init__(self):
         check_at_least(self, "num_train_prompts", "eval_max_new_tokens", "eval_batch_size")
@@ -120,6 +147,16 @@ class DistillArguments:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
         if self.student_layers is not None and len(self.student_layers) == 0:
             raise ValueError("student_layers is empty: list the decoder-layer indices to keep, e.g. [0, 5, 11].")
+        if self.trainer not in TRAINER_CHOICES:
+            raise ValueError(f"trainer must be one of {', '.join(TRAINER_CHOICES)}, got {self.trainer!r}.")
+        if self.vllm_mode not in VLLM_MODES:
+            raise ValueError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got {self.vllm_mode!r}.")
+        if self.use_vllm and self.trainer != "distillation":
+            raise ValueError(
+                "use_vllm needs --trainer distillation: RockOPDTrainer (TRL's GKDTrainer) generates with "
+                "transformers only."
+            )
+        check_vllm_available(self.use_vllm)  # before any model loads
 
 
 # TRL's options of a model loaded by name; distill loads its models by --teacher/--student instead.
@@ -385,7 +422,8 @@ def run_distillation(
     training prompts and held-out problems, generate the teacher's reference answers to them once
     (`teacher_reference.json` in the output directory), evaluate the student (accuracy with its interval and the
     teacher's, finished rate, loops, the teacher-forced divergence on the teacher's answers, the on-policy divergence
-    on its own), train with [`RockOPDTrainer`], evaluate again on the same reference (non-rock divergence with the rock
+    on its own), train with [`RockOPDTrainer`] (`script.trainer="distillation"`: [`RockDistillationTrainer`]),
+    evaluate again on the same reference (non-rock divergence with the rock
     set found), save the student (full model or adapter) and tokenizer to `args.output_dir`, write `run_report.json`
     and render the model card.
 
@@ -400,11 +438,13 @@ def run_distillation(
     print(result.report["eval"]["after"]["mean_divergence"])
     ```
     """
-    from .trainers.gkd import RockOPDTrainer
-
     started = time.perf_counter()
     phases = PhaseLog(start=started)
     model_args = student_model_config(model_args)
+    # --trainer distillation: its config now, so a GKD-only setting fails before any model loads.
+    trainer_args = args
+    if script.trainer == "distillation":
+        trainer_args = distillation_config(args, use_vllm=script.use_vllm, vllm_mode=script.vllm_mode)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     train_prompts, held_out = load_gsm8k_split(
         script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
@@ -419,7 +459,8 @@ def run_distillation(
         )
 
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
-        check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
+        if script.trainer == "gkd":  # GKDTrainer's max_length bounds prompt + completion; DistillationTrainer has none
+            check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
         problems = None if script.skip_eval else load_gsm8k_problems(held_out)
         # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
         os.makedirs(args.output_dir, exist_ok=True)
@@ -430,12 +471,13 @@ def run_distillation(
             phases("evaluating before training", f"{len(problems)} held-out problems")
             before = _evaluate(student, teacher.model, tokenizer, problems, reference, script, args)
 
-        trainer = RockOPDTrainer(
-            model=student,
-            teacher_model=teacher.model,
-            args=args,
+        trainer = build_trainer(
+            script.trainer,
+            student=student,
+            teacher=teacher.model,
+            args=trainer_args,
             train_dataset=train_prompts,
-            processing_class=tokenizer,
+            tokenizer=tokenizer,
             peft_config=get_peft_config(model_args),
         )
         compact_progress(trainer)

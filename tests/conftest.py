@@ -90,3 +90,16 @@ def make_args(output_dir, **overrides) -> RockOPDConfig:
 @pytest.fixture
 def args_factory(tmp_path):
     return lambda **kw: make_args(tmp_path / "out", **kw)
+
+
+@pytest.fixture(params=["gkd", "distillation"])
+def kind(request):
+    """Each rock-token trainer in turn (see tests/trainer_kinds.py): `RockOPDTrainer` and `RockDistillationTrainer`."""
+    from trainer_kinds import KINDS
+
+    return KINDS[request.param]
+
+
+@pytest.fixture
+def kind_args(kind, tmp_path):
+    return lambda **kw: kind.args(tmp_path / "out", **kw)

@@ -1,4 +1,6 @@
-"""RockOPDTrainer end to end on tiny models: parity with TRL, alignment, frozen rows, LoRA, 4-bit, resume, bad input."""
+"""Both rock-token trainers end to end on tiny models: parity with TRL, alignment, frozen rows, LoRA, 4-bit, resume,
+bad input. Tests taking `kind` run once per trainer (`RockOPDTrainer`, `RockDistillationTrainer`; tests/trainer_kinds.py);
+the others are about `RockOPDTrainer`'s GKD-specific behaviour (`lmbda`, its collator, its generation)."""
 
 import copy
 import json
@@ -46,20 +48,20 @@ def full_per_token_divergence(student, teacher, inputs, beta):
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-def test_uniform_loss_equals_trl_generalized_jsd(student, teacher, tokenizer, args_factory, beta):
-    trainer = make_trainer(student, teacher, args_factory(beta=beta, rock_policy="uniform"), tokenizer)
-    inputs = dataset_batch(trainer)
+def test_uniform_loss_equals_trl_generalized_jsd(kind, student, teacher, tokenizer, kind_args, beta):
+    trainer = kind.make(student, teacher, kind_args(beta=beta, rock_policy="uniform"), tokenizer)
+    inputs = kind.batch(trainer)
     trainer.model.eval()
     with torch.no_grad():
         ours = trainer.compute_loss(trainer.model, inputs)
-    _, _, (s, t, labels) = full_per_token_divergence(trainer.model, trainer.teacher_model, inputs, beta)
+    _, _, (s, t, labels) = full_per_token_divergence(trainer.model, trainer.teacher_model, kind.view(inputs), beta)
     reference = GKDTrainer.generalized_jsd_loss(s, t, labels=labels, beta=beta)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
 
 
-def test_identical_teacher_gives_zero_loss(student, tokenizer, args_factory):
-    trainer = make_trainer(student, copy.deepcopy(student), args_factory(rock_policy="uniform"), tokenizer)
-    inputs = dataset_batch(trainer)
+def test_identical_teacher_gives_zero_loss(kind, student, tokenizer, kind_args):
+    trainer = kind.make(student, copy.deepcopy(student), kind_args(rock_policy="uniform"), tokenizer)
+    inputs = kind.batch(trainer)
     assert trainer.compute_loss(trainer.model, inputs).abs().item() < 1e-6
 
 
@@ -69,21 +71,24 @@ def most_common_completion_token(inputs):
     return int(torch.bincount(ids).argmax())
 
 
-def test_freeze_weight_is_decided_by_the_predicted_token_not_the_input_token(student, teacher, tokenizer, args_factory):
+def test_freeze_weight_is_decided_by_the_predicted_token_not_the_input_token(
+    kind, student, teacher, tokenizer, kind_args
+):
     """The paper's released code froze the position *after* each rock token; the label must decide."""
-    probe = make_trainer(student, teacher, args_factory(), tokenizer)
-    inputs = dataset_batch(probe)
-    rock = most_common_completion_token(inputs)
-    trainer = make_trainer(
-        student, teacher, args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": [rock]}), tokenizer
+    probe = kind.make(student, teacher, kind_args(), tokenizer)
+    inputs = kind.batch(probe)
+    view = kind.view(inputs)
+    rock = most_common_completion_token(view)
+    trainer = kind.make(
+        student, teacher, kind_args(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": [rock]}), tokenizer
     )
     trainer.model.eval()
     with torch.no_grad():
         ours = trainer.compute_loss(trainer.model, inputs).item()
 
-    div, valid, _ = full_per_token_divergence(trainer.model, trainer.teacher_model, inputs, beta=1.0)
-    label = inputs["labels"][:, 1:]
-    input_token = inputs["input_ids"][:, :-1]
+    div, valid, _ = full_per_token_divergence(trainer.model, trainer.teacher_model, view, beta=1.0)
+    label = view["labels"][:, 1:]
+    input_token = view["input_ids"][:, :-1]
     n_valid = valid.sum()
     correct = (div * (valid & (label != rock))).sum() / n_valid
     shifted = (div * (valid & (input_token != rock))).sum() / n_valid  # the paper's off-by-one
@@ -102,18 +107,18 @@ class _RowCounter:
 
 
 @pytest.mark.parametrize("probe_fraction", [0.0, 0.5])
-def test_frozen_positions_are_never_projected(student, teacher, tokenizer, args_factory, probe_fraction):
-    probe = make_trainer(student, teacher, args_factory(), tokenizer)
-    inputs = dataset_batch(probe)
-    rock = most_common_completion_token(inputs)
-    args = args_factory(
+def test_frozen_positions_are_never_projected(kind, student, teacher, tokenizer, kind_args, probe_fraction):
+    probe = kind.make(student, teacher, kind_args(), tokenizer)
+    inputs = kind.batch(probe)
+    rock = most_common_completion_token(kind.view(inputs))
+    args = kind_args(
         rock_policy="rock_freeze",
         rock_policy_kwargs={"token_ids": [rock]},
         rock_probe_fraction=probe_fraction,
         loss_chunk_size=7,
     )
-    trainer = make_trainer(student, teacher, args, tokenizer)
-    label = inputs["labels"][:, 1:]
+    trainer = kind.make(student, teacher, args, tokenizer)
+    label = kind.view(inputs)["labels"][:, 1:]
     valid = label != -100
     n_valid, n_frozen = int(valid.sum()), int((valid & (label == rock)).sum())
     assert n_frozen >= 3 and n_valid < label.numel()  # prompt positions exist and are not projected either
@@ -136,21 +141,20 @@ def test_frozen_positions_are_never_projected(student, teacher, tokenizer, args_
     assert trainer._metrics["train"]["rock/frozen_fraction"][-1] == pytest.approx(n_frozen / n_valid)
 
 
-def test_tokens_normalization_keeps_the_learning_rate_of_unfrozen_tokens(student, teacher, tokenizer, args_factory):
-    probe = make_trainer(student, teacher, args_factory(), tokenizer)
-    inputs = dataset_batch(probe)
-    rock = most_common_completion_token(inputs)
+def test_tokens_normalization_keeps_the_learning_rate_of_unfrozen_tokens(kind, student, teacher, tokenizer, kind_args):
+    probe = kind.make(student, teacher, kind_args(), tokenizer)
+    inputs = kind.batch(probe)
+    view = kind.view(inputs)
+    rock = most_common_completion_token(view)
     losses = {}
     for norm in ("tokens", "weights"):
-        args = args_factory(
-            rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": [rock]}, rock_normalization=norm
-        )
-        trainer = make_trainer(student, teacher, args, tokenizer)
+        args = kind_args(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": [rock]}, rock_normalization=norm)
+        trainer = kind.make(student, teacher, args, tokenizer)
         trainer.model.eval()
         with torch.no_grad():
             losses[norm] = trainer.compute_loss(trainer.model, inputs).item()
-    div, valid, _ = full_per_token_divergence(trainer.model, trainer.teacher_model, inputs, beta=1.0)
-    keep = valid & (inputs["labels"][:, 1:] != rock)
+    div, valid, _ = full_per_token_divergence(trainer.model, trainer.teacher_model, view, beta=1.0)
+    keep = valid & (view["labels"][:, 1:] != rock)
     assert losses["tokens"] == pytest.approx(((div * keep).sum() / valid.sum()).item(), rel=1e-5)
     assert losses["weights"] == pytest.approx(((div * keep).sum() / keep.sum()).item(), rel=1e-5)
 
@@ -226,8 +230,8 @@ def test_config_defaults_follow_the_paper():
     assert RockOPDConfig(output_dir="unused", rock_policy_kwargs='{"top_k": 7}').rock_policy_kwargs == {"top_k": 7}
 
 
-def test_training_writes_rock_tokens_and_policy_state(student, teacher, tokenizer, args_factory):
-    args = args_factory(
+def test_training_writes_rock_tokens_and_policy_state(kind, student, teacher, tokenizer, kind_args):
+    args = kind_args(
         rock_policy="rock_online",
         rock_policy_kwargs={"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 4, "exclude_top_frequent": 1},
         max_steps=3,
@@ -235,7 +239,7 @@ def test_training_writes_rock_tokens_and_policy_state(student, teacher, tokenize
         save_steps=2,
         max_new_tokens=16,
     )
-    trainer = make_trainer(student, teacher, args, tokenizer)
+    trainer = kind.make(student, teacher, args, tokenizer)
     trainer.train()
     out = args.output_dir
     for directory in (out, os.path.join(out, "checkpoint-2")):
@@ -258,7 +262,7 @@ def test_training_writes_rock_tokens_and_policy_state(student, teacher, tokenize
 ONLINE = {"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 4, "exclude_top_frequent": 1}
 
 
-def test_resume_restores_policy_state_exactly(student, teacher, tokenizer, tmp_path):
+def test_resume_restores_policy_state_exactly(kind, student, teacher, tokenizer, tmp_path):
     common = dict(
         rock_policy="rock_online",
         rock_policy_kwargs=ONLINE,
@@ -267,9 +271,9 @@ def test_resume_restores_policy_state_exactly(student, teacher, tokenizer, tmp_p
         save_steps=2,
         max_new_tokens=10,
     )
-    full = make_trainer(copy.deepcopy(student), teacher, make_args(tmp_path / "full", **common), tokenizer)
+    full = kind.make(copy.deepcopy(student), teacher, kind.args(tmp_path / "full", **common), tokenizer)
     full.train()
-    resumed = make_trainer(copy.deepcopy(student), teacher, make_args(tmp_path / "resumed", **common), tokenizer)
+    resumed = kind.make(copy.deepcopy(student), teacher, kind.args(tmp_path / "resumed", **common), tokenizer)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
 
     a, b = full.rock_policy.state_dict(), resumed.rock_policy.state_dict()
@@ -278,14 +282,14 @@ def test_resume_restores_policy_state_exactly(student, teacher, tokenizer, tmp_p
     assert a["step"] == b["step"] == 3
 
 
-def test_resume_without_policy_state_fails_unless_reset_is_asked(student, teacher, tokenizer, tmp_path):
+def test_resume_without_policy_state_fails_unless_reset_is_asked(kind, student, teacher, tokenizer, tmp_path):
     common = dict(rock_policy="rock_online", rock_policy_kwargs=ONLINE, max_steps=2, save_strategy="steps", save_steps=2)
-    first = make_trainer(copy.deepcopy(student), teacher, make_args(tmp_path / "a", **common), tokenizer)
+    first = kind.make(copy.deepcopy(student), teacher, kind.args(tmp_path / "a", **common), tokenizer)
     first.train()
     checkpoint = tmp_path / "a" / "checkpoint-2"
     os.remove(checkpoint / POLICY_STATE_NAME)
-    again = make_trainer(
-        copy.deepcopy(student), teacher, make_args(tmp_path / "b", **{**common, "max_steps": 3}), tokenizer
+    again = kind.make(
+        copy.deepcopy(student), teacher, kind.args(tmp_path / "b", **{**common, "max_steps": 3}), tokenizer
     )
     with pytest.raises(ValueError, match="rock_policy_reset_on_resume"):
         again.train(resume_from_checkpoint=str(checkpoint))
@@ -294,22 +298,22 @@ def test_resume_without_policy_state_fails_unless_reset_is_asked(student, teache
     with pytest.raises(ValueError, match="unreadable"):
         again.train(resume_from_checkpoint=str(checkpoint))
 
-    fresh = make_trainer(
+    fresh = kind.make(
         copy.deepcopy(student),
         teacher,
-        make_args(tmp_path / "c", **{**common, "max_steps": 3, "rock_policy_reset_on_resume": True}),
+        kind.args(tmp_path / "c", **{**common, "max_steps": 3, "rock_policy_reset_on_resume": True}),
         tokenizer,
     )
     fresh.train(resume_from_checkpoint=str(checkpoint))
     assert fresh.state.global_step == 3
 
 
-def test_lora_trains_only_the_adapter(student, teacher, tokenizer, args_factory):
+def test_lora_trains_only_the_adapter(kind, student, teacher, tokenizer, kind_args):
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = make_trainer(
-        student, teacher, args_factory(max_steps=2, rock_policy="rock_online", rock_policy_kwargs=ONLINE), tokenizer,
+    trainer = kind.make(
+        student, teacher, kind_args(max_steps=2, rock_policy="rock_online", rock_policy_kwargs=ONLINE), tokenizer,
         peft_config=peft_config,
     )
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
@@ -322,7 +326,7 @@ def test_lora_trains_only_the_adapter(student, teacher, tokenizer, args_factory)
     assert any(not torch.equal(before[k], after[k].detach()) for k in lora if "lora_B" in k)
 
 
-def test_4bit_nf4_student_with_lora_trains_on_cpu(tokenizer, teacher, args_factory, tmp_path):
+def test_4bit_nf4_student_with_lora_trains_on_cpu(kind, tokenizer, teacher, kind_args, tmp_path):
     pytest.importorskip("bitsandbytes")
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -334,7 +338,7 @@ def test_4bit_nf4_student_with_lora_trains_on_cpu(tokenizer, teacher, args_facto
     student = AutoModelForCausalLM.from_pretrained(tmp_path / "student", quantization_config=quantization)
     assert any(type(m).__name__ == "Linear4bit" for m in student.modules())
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = make_trainer(student, teacher, args_factory(max_steps=2), tokenizer, peft_config=peft_config)
+    trainer = kind.make(student, teacher, kind_args(max_steps=2), tokenizer, peft_config=peft_config)
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
     trainer.train()
     after = dict(trainer.model.named_parameters())
@@ -343,10 +347,10 @@ def test_4bit_nf4_student_with_lora_trains_on_cpu(tokenizer, teacher, args_facto
 
 
 # ------------------------------------------------------------------------------------------------ bad input ----
-def test_vocab_mismatch_names_both_sizes(student, tokenizer, args_factory):
+def test_vocab_mismatch_names_both_sizes(kind, student, tokenizer, kind_args):
     other = build_tiny_causal_lm(tokenizer, vocab_size=300, seed=3)
     with pytest.raises(ValueError, match=r"259.*300|300.*259"):
-        make_trainer(student, other, args_factory(), tokenizer)
+        kind.make(student, other, kind_args(), tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -361,9 +365,9 @@ def test_vocab_mismatch_names_both_sizes(student, tokenizer, args_factory):
         ({"rock_policy_kwargs": "{not json"}, None),
     ],
 )
-def test_bad_config_values_are_clear_errors(overrides, message, tmp_path):
+def test_bad_config_values_are_clear_errors(kind, overrides, message, tmp_path):
     with pytest.raises((ValueError, json.JSONDecodeError)) as err:
-        make_args(tmp_path, **overrides)
+        kind.args(tmp_path, **overrides)
     if message:
         assert message in str(err.value)
 
@@ -377,23 +381,22 @@ def test_bad_config_values_are_clear_errors(overrides, message, tmp_path):
         ("rock_freeze", {"token_ids": [100000]}, "outside the vocabulary [0, 259)"),
     ],
 )
-def test_bad_policy_values_fail_at_trainer_creation(student, teacher, tokenizer, args_factory, policy, kwargs, message):
+def test_bad_policy_values_fail_at_trainer_creation(kind, student, teacher, tokenizer, kind_args, policy, kwargs, message):
     with pytest.raises(ValueError) as err:
-        make_trainer(student, teacher, args_factory(rock_policy=policy, rock_policy_kwargs=kwargs), tokenizer)
+        kind.make(student, teacher, kind_args(rock_policy=policy, rock_policy_kwargs=kwargs), tokenizer)
     assert message in str(err.value)
 
 
-def test_empty_train_dataset(student, teacher, tokenizer, args_factory):
+def test_empty_train_dataset(kind, student, teacher, tokenizer, kind_args):
     with pytest.raises(ValueError, match="train_dataset is empty"):
-        make_trainer(student, teacher, args_factory(), tokenizer, dataset=make_dataset(0))
+        kind.make(student, teacher, kind_args(), tokenizer, dataset=kind.dataset(0))
 
 
 def test_no_valid_completion_token_gives_exact_zero_with_finite_gradients(
-    student, teacher, tokenizer, args_factory, caplog
+    kind, student, teacher, tokenizer, kind_args, caplog
 ):
-    trainer = make_trainer(student, teacher, args_factory(), tokenizer)
-    inputs = dataset_batch(trainer)
-    inputs["labels"] = torch.full_like(inputs["labels"], -100)
+    trainer = kind.make(student, teacher, kind_args(), tokenizer)
+    inputs = kind.drop_all_completion_tokens(kind.batch(trainer))
     trainer.model.train()
     with caplog.at_level(logging.WARNING):
         loss = trainer.compute_loss(trainer.model, inputs, num_items_in_batch=torch.tensor(0))
@@ -411,9 +414,9 @@ class FreezeEverything(TokenPolicy):
         return torch.zeros(batch.mask.shape)
 
 
-def test_all_weights_zero_gives_exact_zero(student, teacher, tokenizer, args_factory, caplog):
-    trainer = make_trainer(student, teacher, args_factory(), tokenizer, rock_policy=FreezeEverything())
-    inputs = dataset_batch(trainer)
+def test_all_weights_zero_gives_exact_zero(kind, student, teacher, tokenizer, kind_args, caplog):
+    trainer = kind.make(student, teacher, kind_args(), tokenizer, rock_policy=FreezeEverything())
+    inputs = kind.batch(trainer)
     trainer.model.train()
     with caplog.at_level(logging.WARNING):
         loss = trainer.compute_loss(trainer.model, inputs, num_items_in_batch=torch.tensor(50))
@@ -430,31 +433,31 @@ class NegativePolicy(TokenPolicy):
         return -batch.mask.float()
 
 
-def test_negative_weights_from_a_policy_are_rejected(student, teacher, tokenizer, args_factory):
-    trainer = make_trainer(student, teacher, args_factory(), tokenizer, rock_policy=NegativePolicy())
+def test_negative_weights_from_a_policy_are_rejected(kind, student, teacher, tokenizer, kind_args):
+    trainer = kind.make(student, teacher, kind_args(), tokenizer, rock_policy=NegativePolicy())
     with pytest.raises(ValueError, match="negative or non-finite weights"):
-        trainer.compute_loss(trainer.model, dataset_batch(trainer))
+        trainer.compute_loss(trainer.model, kind.batch(trainer))
 
 
-def test_nan_teacher_raises_naming_the_step(student, teacher, tokenizer, args_factory):
+def test_nan_teacher_raises_naming_the_step(kind, student, teacher, tokenizer, kind_args):
     with torch.no_grad():
         teacher.lm_head.weight[5] = float("nan")
-    trainer = make_trainer(student, teacher, args_factory(), tokenizer)
+    trainer = kind.make(student, teacher, kind_args(), tokenizer)
     trainer.state.global_step = 7
     with pytest.raises(FloatingPointError, match="at step 7"):
-        trainer.compute_loss(trainer.model, dataset_batch(trainer))
+        trainer.compute_loss(trainer.model, kind.batch(trainer))
 
 
-def test_teacher_model_init_kwargs_without_dtype(student, teacher, tokenizer, args_factory, tmp_path):
+def test_teacher_model_init_kwargs_without_dtype(kind, student, teacher, tokenizer, kind_args, tmp_path):
     teacher.save_pretrained(tmp_path / "teacher")
-    args = args_factory(teacher_model_init_kwargs={"low_cpu_mem_usage": True})
-    trainer = make_trainer(student, str(tmp_path / "teacher"), args, tokenizer)
+    args = kind_args(teacher_model_init_kwargs={"low_cpu_mem_usage": True})
+    trainer = kind.make(student, str(tmp_path / "teacher"), args, tokenizer)
     assert trainer.teacher_model.config.num_hidden_layers == 3
 
 
-def test_evaluate_reports_loss_and_rock_metrics_without_learning(student, teacher, tokenizer, args_factory):
-    args = args_factory(rock_policy="rock_online", rock_policy_kwargs=ONLINE, per_device_eval_batch_size=4)
-    trainer = make_trainer(student, teacher, args, tokenizer, eval_dataset=make_dataset(8))
+def test_evaluate_reports_loss_and_rock_metrics_without_learning(kind, student, teacher, tokenizer, kind_args):
+    args = kind_args(rock_policy="rock_online", rock_policy_kwargs=ONLINE, per_device_eval_batch_size=4)
+    trainer = kind.make(student, teacher, args, tokenizer, eval_dataset=kind.dataset(8))
     before = trainer.rock_policy.state_dict()
     metrics = trainer.evaluate()
     assert metrics["eval_loss"] > 0 and "eval_rock/frozen_fraction" in metrics

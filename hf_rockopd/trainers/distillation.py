@@ -196,7 +196,7 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
             step=self.state.global_step,
             training=training,
             num_items_in_batch=count,
-            accumulation_steps=self.current_gradient_accumulation_steps if training else 1,
+            accumulation_steps=getattr(self, "current_gradient_accumulation_steps", 1) if training else 1,
         )
         # Backbones and heads inside the student wrapper's forward (DDP's hooks fire); the policy update and the
         # metric gathers (collectives) outside it, in `finish`.
