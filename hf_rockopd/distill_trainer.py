@@ -68,7 +68,7 @@ def prompts_only(dataset: Dataset) -> Dataset:
     >>> rows = Dataset.from_list([{"messages": [{"role": "user", "content": "2+3?"},
     ...                                         {"role": "assistant", "content": "5"}]}])
     >>> prompts_only(rows)[0]["prompt"]
-    [{'content': '2+3?', 'role': 'user'}]
+    [{'role': 'user', 'content': '2+3?'}]
     ```
     """
 

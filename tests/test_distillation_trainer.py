@@ -9,7 +9,7 @@ import torch
 from trainer_kinds import KINDS, distillation_batch
 from trl import DistillationConfig, DistillationTrainer
 
-from hf_rockopd import RockDistillationConfig, RockDistillationTrainer
+from hf_rockopd import RockDistillationTrainer
 from hf_rockopd.policies import TokenPolicy
 from hf_rockopd.trainers import RockLossOutput
 from hf_rockopd.trainers.distillation import VLLM_INSTALL

@@ -81,7 +81,8 @@ def test_models_and_tokenizer_given_by_path(student, teacher, tokenizer, tmp_pat
     assert trainer.state.global_step == 1
 
 
-def test_default_config_when_none_is_given(student, teacher, tokenizer):
+def test_default_config_when_none_is_given(student, teacher, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output_dir is relative
     trainer = RockDistillationTrainer(model=student, teacher_model=teacher, processing_class=tokenizer)
     assert isinstance(trainer.args, RockDistillationConfig)
     assert trainer.args.output_dir.endswith("-RockDistillation")
@@ -92,7 +93,8 @@ def test_other_config_classes_are_refused_with_the_fix(student, teacher, tokeniz
     from trl import DistillationConfig
 
     with pytest.raises(TypeError, match="RockDistillationConfig"):
-        RockDistillationTrainer(model=student, teacher_model=teacher, args=DistillationConfig(str(tmp_path), bf16=False))
+        args = DistillationConfig(str(tmp_path), bf16=False)
+        RockDistillationTrainer(model=student, teacher_model=teacher, args=args)
 
 
 def test_eval_datasets_given_as_a_dict_are_each_evaluated(student, teacher, tokenizer, tmp_path):
