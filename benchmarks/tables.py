@@ -75,16 +75,25 @@ def loss_path_table(records: list[dict]) -> str:
 
 
 def train_step_table(result: dict) -> str:
-    """Phase medians of both trainers and their ratio."""
+    """Phase medians of each trainer pair (GKD, and Distillation when present) and the ratios ours / TRL's."""
     keys = [("generation_s", "generation (s)"), ("loss_forward_s", "loss forward (s)"), ("backward_s", "backward (s)"),
             ("loss_backward_s", "loss + backward (s)"), ("optimizer_s", "optimizer (s)"), ("total_s", "total step (s)"),
             ("peak_bytes", "peak memory (MiB)"), ("completion_tokens", "completion tokens / step"),
             ("completion_tokens_per_s", "completion tokens / s")]  # fmt: skip
-    out = "| phase | GKDTrainer | RockOPDTrainer | ours / GKD |\n|---|---|---|---|\n"
+    # Each pair (TRL's trainer, ours, their ratio) that the results file holds; older files hold the GKD pair only.
+    pairs = [(base, ours, ratios, head) for base, ours, ratios, head in (
+        ("gkd", "rockopd", "ratios", "GKDTrainer | RockOPDTrainer | ours / GKD"),
+        ("distillation", "rockdistillation", "ratios_distillation",
+         "DistillationTrainer | RockDistillationTrainer | ours / Distillation"),
+    ) if base in result and ours in result]  # fmt: skip
+    out = "| phase | " + " | ".join(p[3] for p in pairs) + " |\n|---|" + "---|---|---|" * len(pairs) + "\n"
     for key, label in keys:
-        g, o = result["gkd"]["median"][key], result["rockopd"]["median"][key]
         scale = 1 / 2**20 if key == "peak_bytes" else 1
-        out += f"| {label} | {g * scale:.2f} | {o * scale:.2f} | {result['ratios'].get(key, float('nan')):.2f} |\n"
+        cells = []
+        for base, ours, ratios, _ in pairs:
+            g, o = result[base]["median"][key], result[ours]["median"][key]
+            cells.append(f"{g * scale:.2f} | {o * scale:.2f} | {result[ratios].get(key, float('nan')):.2f}")
+        out += f"| {label} | " + " | ".join(cells) + " |\n"
     return out
 
 

@@ -1,10 +1,12 @@
-"""Training-step benchmark: `RockOPDTrainer` against TRL's `GKDTrainer` at identical settings, phase by phase.
+"""Training-step benchmark: `RockOPDTrainer` against TRL's `GKDTrainer`, and `RockDistillationTrainer` against TRL's
+`DistillationTrainer`, at identical settings, phase by phase.
 
-Both trainers get the same student and teacher (fresh copies), the same GSM8K prompts, seed, batch size,
-`max_new_tokens`, `beta` and `lmbda=1` (always on-policy), and run `--steps` optimizer steps in a fresh process each.
-Phases are timed from outside TRL, without editing it:
+Every trainer gets the same student and teacher (fresh copies), the same GSM8K prompts, seed, batch size,
+`max_new_tokens` (`max_completion_length`), `beta` and `lmbda=1` (always on-policy), HF generation, and runs
+`--steps` optimizer steps in a fresh process each. Phases are timed from outside TRL, without editing it:
 
-- generation: a wrapper around the trainer's `generate_on_policy_outputs` (both trainers call it);
+- generation: a wrapper around `generate_on_policy_outputs` (the GKD pair) or `_generate_single_turn` (the
+  Distillation pair);
 - loss (forward of both models and the divergence): a wrapper around `compute_loss`;
 - backward: a wrapper around `accelerator.backward`;
 - optimizer: between the `on_pre_optimizer_step` and `on_optimizer_step` callbacks;
@@ -14,7 +16,7 @@ Phases are timed from outside TRL, without editing it:
 The first step is a warm-up and is not reported; medians over the others are.
 
 Run: `python -m benchmarks.train_step --pair tiny` (or `--pair smollm2`, the real SmolLM2-135M-Instruct teacher and a
-pruned student).
+pruned student); `--trainers gkd rockopd` runs one pair only.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ __all__ = ["PAIRS", "run_trainer"]
 
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
 PAIRS = ("tiny", "smollm2")
+TRAINERS = ("gkd", "rockopd", "distillation", "rockdistillation")
+# Ours over its base, in `ratios` of the results file.
+BASES = {"rockopd": "gkd", "rockdistillation": "distillation"}
 
 
 def _prompts(n: int):
@@ -94,15 +99,17 @@ class _PhaseTimer:
                 sync()
                 timer._current[name] = timer._current.get(name, 0.0) + time.perf_counter() - start
                 if name == "generation_s":
-                    labels = out[2]
-                    timer._current["completion_tokens"] = timer._current.get("completion_tokens", 0) + int(
-                        (labels[:, 1:] != -100).sum()
-                    )
+                    # GKD: (ids, mask, labels); Distillation: one list of completion ids per prompt.
+                    tokens = int((out[2][:, 1:] != -100).sum()) if isinstance(out, tuple) else sum(map(len, out))
+                    timer._current["completion_tokens"] = timer._current.get("completion_tokens", 0) + tokens
                 return out
 
             return wrapper
 
-        trainer.generate_on_policy_outputs = timed("generation_s", trainer.generate_on_policy_outputs)
+        if hasattr(trainer, "generate_on_policy_outputs"):
+            trainer.generate_on_policy_outputs = timed("generation_s", trainer.generate_on_policy_outputs)
+        else:
+            trainer._generate_single_turn = timed("generation_s", trainer._generate_single_turn)
         trainer.compute_loss = timed("loss_forward_s", trainer.compute_loss)
         trainer.accelerator.backward = timed("backward_s", trainer.accelerator.backward)
 
@@ -135,7 +142,7 @@ class _PhaseTimer:
 
 
 def run_trainer(trainer_name: str, pair: str, steps: int, batch: int, max_new_tokens: int, seed: int) -> dict:
-    """Train `steps` steps with `trainer_name` (`"rockopd"` or `"gkd"`) in this process; per-step phase timings."""
+    """Train `steps` steps with `trainer_name` (one of `TRAINERS`) in this process; per-step phase timings."""
     teacher, student, tokenizer = _models(pair)
     return train_steps(
         trainer_name, student, teacher, tokenizer, _prompts(batch * steps), steps, batch, max_new_tokens, seed,
@@ -156,8 +163,8 @@ def train_steps(
     output_dir: str,
     cuda: bool = False,
 ) -> dict:
-    """Train `student` (a model or a PEFT model) `steps` steps under `teacher` with `trainer_name` (`"rockopd"` or
-    `"gkd"`) at the benchmark's settings; per-step phase timings, and whether any trainable weight changed (a LoRA
+    """Train `student` (a model or a PEFT model) `steps` steps under `teacher` with `trainer_name` (one of
+    `TRAINERS`) at the benchmark's settings; per-step phase timings, and whether any trainable weight changed (a LoRA
     adapter cut off from its gradient would leave them all equal and time a step that learns nothing)."""
     import transformers
 
@@ -198,8 +205,24 @@ def train_steps(
             model=student, teacher_model=teacher, args=gkd_args,
             train_dataset=data, processing_class=tokenizer, data_collator=collator,
         )
+    elif trainer_name in ("distillation", "rockdistillation"):
+        from trl import DistillationConfig, DistillationTrainer
+
+        from hf_rockopd import RockDistillationConfig, RockDistillationTrainer
+        from hf_rockopd.distill_trainer import prompts_only
+
+        settings = {k: v for k, v in common.items() if k not in ("lmbda", "max_new_tokens")}
+        settings["max_completion_length"] = max_new_tokens
+        if trainer_name == "distillation":
+            trainer_class, config = DistillationTrainer, DistillationConfig(**settings)
+        else:
+            trainer_class, config = RockDistillationTrainer, RockDistillationConfig(**settings, rock_policy="uniform")
+        trainer = trainer_class(
+            model=student, teacher_model=teacher, args=config, train_dataset=prompts_only(data),
+            processing_class=tokenizer,
+        )  # fmt: skip
     else:
-        raise ValueError(f"trainer_name must be 'rockopd' or 'gkd', got {trainer_name!r}.")
+        raise ValueError(f"trainer_name must be one of {', '.join(TRAINERS)}, got {trainer_name!r}.")
     trainable = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
     if not trainable:
         raise RuntimeError(f"The {trainer_name} student has no trainable parameter.")
@@ -226,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trainers", nargs="+", choices=TRAINERS, default=list(TRAINERS))
     parser.add_argument("--out", default=None, help="JSON file (default benchmarks/results/train_step_<pair>.json)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -237,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     results = {}
-    for name in ("gkd", "rockopd"):
+    for name in args.trainers:
         cmd = [sys.executable, "-m", "benchmarks.train_step", "--worker", name, "--pair", args.pair,
                "--steps", str(args.steps), "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
                "--seed", str(args.seed)]  # fmt: skip
@@ -248,8 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         steps = json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
         results[name] = {"steps": steps, "median": _summarize(steps)}
         print(name, json.dumps(results[name]["median"]), flush=True)
-    ours, gkd = results["rockopd"]["median"], results["gkd"]["median"]
-    results["ratios"] = {k: ours[k] / gkd[k] for k in ours if gkd[k]}
+    # `ratios`: RockOPDTrainer / GKDTrainer (as before); `ratios_distillation`: RockDistillation / Distillation.
+    for ours_name, key in (("rockopd", "ratios"), ("rockdistillation", "ratios_distillation")):
+        base = BASES[ours_name]
+        if ours_name in results and base in results:
+            ours, theirs = results[ours_name]["median"], results[base]["median"]
+            results[key] = {k: ours[k] / theirs[k] for k in ours if theirs[k]}
     from benchmarks.loss_path import cpu_description
 
     results["meta"] = {
@@ -262,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
-    print("ours / gkd:", json.dumps(results["ratios"]))
+    for key in ("ratios", "ratios_distillation"):
+        if key in results:
+            print(f"{key}:", json.dumps(results[key]))
     return 0
 
 

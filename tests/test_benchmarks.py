@@ -272,3 +272,24 @@ def test_gpu_benchmark_refuses_a_full_run_without_cuda(capsys):
     with pytest.raises(SystemExit):
         gpu.main(["--device", "cpu"])
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("trainer_name", ["distillation", "rockdistillation"])
+def test_train_step_times_the_distillation_pair(tmp_path, trainer_name):
+    from datasets import Dataset
+
+    from benchmarks.train_step import train_steps
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer, prune_decoder_layers
+
+    tokenizer = build_tiny_tokenizer()
+    teacher = build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1)
+    data = Dataset.from_list(
+        [{"messages": [{"role": "user", "content": f"{i}+{i}?"}, {"role": "assistant", "content": "x"}]}
+         for i in range(8)]
+    )  # fmt: skip
+    out = train_steps(trainer_name, prune_decoder_layers(teacher, keep=[0, 3]), teacher, tokenizer, data, steps=2,
+                      batch=2, max_new_tokens=4, seed=0, output_dir=str(tmp_path))  # fmt: skip
+    assert len(out["steps"]) == 2 and out["sampled_tensors_changed"] != "0/0"
+    for step in out["steps"]:
+        assert step["completion_tokens"] <= 8 and step["total_s"] >= step["generation_s"] > 0
+        assert step["loss_forward_s"] > 0 and step["backward_s"] > 0

@@ -1,4 +1,5 @@
-"""RockOPDTrainer under `accelerate launch` with two gloo processes: one rock set, global statistics, one file.
+"""Both rock-token trainers under `accelerate launch` with two gloo processes: one rock set, global statistics, one
+file.
 
 The launched script (`tests/scripts/train_rock_online.py`) records every batch each rank's `rock_online` policy
 learned from. Replaying the two ranks' batches of each step, concatenated, through one single-process policy must give
@@ -61,13 +62,13 @@ def concatenated(records):
     )
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
+@pytest.fixture(scope="module", params=["gkd", "distillation"])
+def ranks(tmp_path_factory, request):
+    out = tmp_path_factory.mktemp(f"ddp_{request.param}")
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT, str(out),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT, str(out), request.param,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

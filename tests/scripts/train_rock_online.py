@@ -1,10 +1,11 @@
-"""Train RockOPDTrainer with `rock_online` for a few steps on tiny models; run under `accelerate launch`.
+"""Train RockOPDTrainer (or, with `distillation` as second argument, RockDistillationTrainer) with `rock_online` for a
+few steps on tiny models; run under `accelerate launch`.
 
 Each rank records every `TokenBatch` its policy sees, its policy state and rock set after each step, and whether it
 wrote `rock_tokens.json`, to `<output_dir>/rank<k>.pt`. `tests/test_distributed_trainer.py` replays the recorded
 batches of all ranks through one single-process policy and compares.
 
-    accelerate launch --multi_gpu --num_processes 2 tests/scripts/train_rock_online.py OUTPUT_DIR
+    accelerate launch --multi_gpu --num_processes 2 tests/scripts/train_rock_online.py OUTPUT_DIR [gkd|distillation]
 """
 
 import os
@@ -15,7 +16,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch
 from datasets import Dataset
 
-from hf_rockopd import RockOPDConfig, RockOPDTrainer
+from hf_rockopd import RockDistillationConfig, RockDistillationTrainer, RockOPDConfig, RockOPDTrainer
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 from hf_rockopd.policies import RockOnlinePolicy, TokenBatch
 
@@ -42,28 +43,34 @@ class RecordingPolicy(RockOnlinePolicy):
         self.after_step.append({"step": batch.step, "rock_ids": self.rock_ids()})
 
 
-class RecordingTrainer(RockOPDTrainer):
-    def write_rock_tokens(self, directory: str) -> str:
-        self.rock_token_writes.append(directory)
-        return super().write_rock_tokens(directory)
+def recording(base: type) -> type:
+    class RecordingTrainer(base):
+        def write_rock_tokens(self, directory: str) -> str:
+            self.rock_token_writes.append(directory)
+            return super().write_rock_tokens(directory)
+
+    return RecordingTrainer
 
 
-def main(output_dir: str) -> None:
+def main(output_dir: str, kind: str = "gkd") -> None:
     tokenizer = build_tiny_tokenizer()
     student = build_tiny_causal_lm(tokenizer, seed=0)
     teacher = build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
-    dataset = Dataset.from_list(
-        [
-            {"messages": [{"role": "user", "content": f"What is {i} + {i + 1}?"},
-                          {"role": "assistant", "content": f"{2 * i + 1}"}]}
-            for i in range(16)
-        ]
-    )
-    args = RockOPDConfig(
+    question = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(16)]
+    if kind == "gkd":
+        dataset = Dataset.from_list(
+            [{"messages": [*q, {"role": "assistant", "content": f"{2 * i + 1}"}]} for i, q in enumerate(question)]
+        )
+        config, trainer_class, length = RockOPDConfig, recording(RockOPDTrainer), {"max_new_tokens": 10}
+    else:
+        dataset = Dataset.from_list([{"prompt": q} for q in question])
+        config, trainer_class = RockDistillationConfig, recording(RockDistillationTrainer)
+        length = {"max_completion_length": 10}
+    args = config(
         output_dir=output_dir,
         per_device_train_batch_size=2,
         max_steps=STEPS,
-        max_new_tokens=10,
+        **length,
         learning_rate=1e-2,
         logging_steps=1,
         report_to="none",
@@ -75,7 +82,7 @@ def main(output_dir: str) -> None:
         rock_policy_kwargs=POLICY_KWARGS,
     )
     policy = RecordingPolicy(**POLICY_KWARGS)
-    trainer = RecordingTrainer(
+    trainer = trainer_class(
         model=student, teacher_model=teacher, args=args, train_dataset=dataset, processing_class=tokenizer,
         rock_policy=policy,
     )
@@ -107,4 +114,4 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
