@@ -175,3 +175,9 @@ def test_rock_opd_trainer_still_refuses_nothing_it_accepted(student, teacher, to
         processing_class=tokenizer, callbacks=[], optimizers=(None, None), formatting_func=None,
     )
     assert trainer.rock_policy.name == "uniform"
+
+
+def test_hub_tags_name_both_bases_once():
+    assert RockOPDTrainer._tag_names[:2] == ["trl", "gkd"]
+    tags = RockDistillationTrainer._tag_names
+    assert tags[:2] == ["trl", "distillation"] and len(tags) == len(set(tags)) and "rock-tokens" in tags

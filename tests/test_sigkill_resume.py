@@ -1,4 +1,5 @@
-"""A training process SIGKILLed after a checkpoint, then resumed, ends exactly where an uninterrupted run ends."""
+"""A training process SIGKILLed after a checkpoint, then resumed, ends exactly where an uninterrupted run ends (both
+rock-token trainers)."""
 
 import os
 import signal
@@ -22,17 +23,17 @@ def run(*argv):
                           text=True, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sigkill")
-    full = run(base / "full", "full")
+@pytest.fixture(scope="module", params=["gkd", "distillation"])
+def runs(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp(f"sigkill_{request.param}")
+    full = run(base / "full", "full", "--trainer", request.param)
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = run(base / "killed", "kill")
-    return base, killed
+    killed = run(base / "killed", "kill", "--trainer", request.param)
+    return base, killed, request.param
 
 
 def test_the_process_really_died_by_sigkill_after_its_checkpoint(runs):
-    base, killed = runs
+    base, killed, _ = runs
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert os.path.isfile(base / "killed" / "checkpoint-2" / POLICY_STATE_NAME)
     assert os.path.isfile(base / "killed" / "checkpoint-2" / ROCK_TOKENS_NAME)
@@ -41,8 +42,8 @@ def test_the_process_really_died_by_sigkill_after_its_checkpoint(runs):
 
 
 def test_resumed_run_equals_the_uninterrupted_run(runs):
-    base, _ = runs
-    resumed = run(base / "killed", "resume", base / "killed" / "checkpoint-2")
+    base, _, kind = runs
+    resumed = run(base / "killed", "resume", base / "killed" / "checkpoint-2", "--trainer", kind)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     full = torch.load(base / "full" / "final.pt", weights_only=False)
     again = torch.load(base / "killed" / "final.pt", weights_only=False)

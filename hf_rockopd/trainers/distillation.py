@@ -99,7 +99,8 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
     ```
     """
 
-    _tag_names = trainer_tags("distillation")
+    # TRL's tag of the base is also one of the card's tags: listed once.
+    _tag_names = list(dict.fromkeys(trainer_tags("distillation")))
     _name = "RockDistillation"
     _paper = PAPER
 

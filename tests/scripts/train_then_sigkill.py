@@ -1,10 +1,11 @@
-"""Train RockOPDTrainer with `rock_online` on tiny models; optionally SIGKILL itself or resume a checkpoint.
+"""Train RockOPDTrainer (`--trainer distillation`: RockDistillationTrainer) with `rock_online` on tiny models;
+optionally SIGKILL itself or resume a checkpoint.
 
     python tests/scripts/train_then_sigkill.py OUTPUT_DIR full            # 6 steps, checkpoints every 2
     python tests/scripts/train_then_sigkill.py OUTPUT_DIR kill            # the same, SIGKILLed at the end of step 3
     python tests/scripts/train_then_sigkill.py OUTPUT_DIR resume CKPT     # resume CKPT, finish the 6 steps
 
-A finished run writes `OUTPUT_DIR/final.pt`: policy state, rock set and student weights.
+Every form takes `--trainer gkd|distillation` at the end (default gkd). A finished run writes `OUTPUT_DIR/final.pt`: policy state, rock set and student weights.
 """
 
 import os
@@ -17,7 +18,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from hf_rockopd import RockOPDConfig, RockOPDTrainer
+from hf_rockopd import RockDistillationConfig, RockDistillationTrainer, RockOPDConfig, RockOPDTrainer
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 
 KILL_AT_STEP = 3
@@ -33,20 +34,23 @@ class SigkillAfterStep(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(output_dir: str, mode: str, checkpoint: str | None = None) -> None:
+def main(output_dir: str, mode: str, checkpoint: str | None = None, kind: str = "gkd") -> None:
     tokenizer = build_tiny_tokenizer()
-    dataset = Dataset.from_list(
-        [
-            {"messages": [{"role": "user", "content": f"What is {i} + {i + 1}?"},
-                          {"role": "assistant", "content": f"{2 * i + 1}"}]}
-            for i in range(24)
-        ]
-    )
-    args = RockOPDConfig(
+    question = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(24)]
+    if kind == "gkd":
+        dataset = Dataset.from_list(
+            [{"messages": [*q, {"role": "assistant", "content": f"{2 * i + 1}"}]} for i, q in enumerate(question)]
+        )
+        config, trainer_class, length = RockOPDConfig, RockOPDTrainer, {"max_new_tokens": 10}
+    else:
+        dataset = Dataset.from_list([{"prompt": q} for q in question])
+        config, trainer_class = RockDistillationConfig, RockDistillationTrainer
+        length = {"max_completion_length": 10}
+    args = config(
         output_dir=output_dir,
         per_device_train_batch_size=4,
         max_steps=6,
-        max_new_tokens=10,
+        **length,
         learning_rate=1e-2,
         logging_steps=1,
         report_to="none",
@@ -57,7 +61,7 @@ def main(output_dir: str, mode: str, checkpoint: str | None = None) -> None:
         rock_policy="rock_online",
         rock_policy_kwargs=POLICY_KWARGS,
     )
-    trainer = RockOPDTrainer(
+    trainer = trainer_class(
         model=build_tiny_causal_lm(tokenizer, seed=0),
         teacher_model=build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3),
         args=args,
@@ -78,4 +82,9 @@ def main(output_dir: str, mode: str, checkpoint: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    argv, kind = sys.argv[1:], "gkd"
+    if "--trainer" in argv:
+        at = argv.index("--trainer")
+        kind = argv[at + 1]
+        del argv[at : at + 2]
+    main(*argv, kind=kind)
