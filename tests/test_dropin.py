@@ -86,7 +86,7 @@ def test_default_config_when_none_is_given(student, teacher, tokenizer, tmp_path
     trainer = RockDistillationTrainer(model=student, teacher_model=teacher, processing_class=tokenizer)
     assert isinstance(trainer.args, RockDistillationConfig)
     assert trainer.args.output_dir.endswith("-RockDistillation")
-    assert (trainer.args.beta, trainer.args.temperature, trainer.args.rock_policy) == (1.0, 1.0, "rock_online")
+    assert (trainer.args.beta, trainer.args.temperature, trainer.args.rock_policy) == (1.0, 1.0, "uniform")
 
 
 def test_other_config_classes_are_refused_with_the_fix(student, teacher, tokenizer, tmp_path):

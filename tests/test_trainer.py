@@ -222,12 +222,14 @@ def test_no_distillation_trainer_migration_warning(student, teacher, tokenizer, 
     assert "fully covered by `DistillationTrainer`" not in caplog.text
 
 
-def test_config_defaults_follow_the_paper():
+def test_config_defaults_follow_the_paper_and_keep_trls_objective():
     args = RockOPDConfig(output_dir="unused")
     assert (args.lmbda, args.beta, args.temperature, args.loss_temperature) == (1.0, 1.0, 1.0, 1.0)
     assert args.rock_normalization == "tokens"
-    assert args.rock_policy_kwargs == {}
-    assert RockOPDConfig(output_dir="unused", rock_policy_kwargs='{"top_k": 7}').rock_policy_kwargs == {"top_k": 7}
+    # uniform by default: a drop-in GKD user keeps TRL's objective; rocks are opt-in (README, "Token policies")
+    assert args.rock_policy == "uniform" and args.rock_policy_kwargs == {}
+    online = RockOPDConfig(output_dir="unused", rock_policy="rock_online", rock_policy_kwargs='{"top_k": 7}')
+    assert online.rock_policy_kwargs["top_k"] == 7
 
 
 def test_training_writes_rock_tokens_and_policy_state(kind, student, teacher, tokenizer, kind_args):

@@ -10,7 +10,7 @@ Example:
 ```python
 >>> from hf_rockopd.trainers import RockOPDConfig, RockOPDTrainer
 >>> RockOPDTrainer._tag_names[:2], RockOPDConfig(output_dir="out", report_to="none").rock_policy
-(['trl', 'gkd'], 'rock_online')
+(['trl', 'gkd'], 'uniform')
 ```
 """
 

@@ -34,9 +34,12 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
 
         > Parameters that control the token policy
 
-        rock_policy (`str`, *optional*, defaults to `"rock_online"`):
+        rock_policy (`str`, *optional*, defaults to `"uniform"`):
             Registered name of the token policy that weights each completion token (see
-            `hf_rockopd.policies.available_policies()`). A policy object passed to the trainer overrides it.
+            `hf_rockopd.policies.available_policies()`). A policy object passed to the trainer overrides it. The
+            default keeps TRL's objective (every completion token weighted 1); rocks are opt-in (`"rock_online"`,
+            `"rock_freeze"`, ...), since neither the paper at full scale nor our Qwen ablation found freezing to help
+            quality (README, "Does freezing rocks help your pair?").
         rock_policy_kwargs (`dict[str, Any]` or `str`, *optional*):
             Keyword arguments of the policy, as a dict or a JSON object string.
         rock_probe_fraction (`float`, *optional*, defaults to `0.0`):

@@ -29,7 +29,7 @@ class RockDistillationConfig(RockTokenArguments, DistillationConfig):
             `DistillationTrainer`, which samples and scores at one temperature. [`RockOPDConfig`] defaults it to 1.0.
         rock_policy, rock_policy_kwargs, rock_probe_fraction, rock_policy_reset_on_resume, rock_normalization,
         loss_chunk_size:
-            As in [`RockOPDConfig`] (`rock_policy` defaults to `"rock_online"`).
+            As in [`RockOPDConfig`] (`rock_policy` defaults to `"uniform"`).
         bf16 (`bool`, *optional*):
             As in TRL (on when unset), except that it stays off when no bf16-capable accelerator is present.
 
