@@ -79,6 +79,7 @@ def main(output_dir: str, kind: str = "gkd") -> None:
         disable_tqdm=True,
         # On a CPU-only machine the Trainer joins the gloo process group only with use_cpu.
         use_cpu=not torch.cuda.is_available(),
+        rock_policy="rock_online",
         rock_policy_kwargs=POLICY_KWARGS,
     )
     policy = RecordingPolicy(**POLICY_KWARGS)
