@@ -98,7 +98,10 @@ def quiet_training() -> Iterator[None]:
     ```
     """
     with warnings.catch_warnings(), _log_filter("transformers.generation.utils", _GENERATE_NOTICE):
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        # TRL's trainers call transformers' renamed `*gradient_checkpointing*` methods during train().
+        warnings.filterwarnings(
+            "ignore", message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated", category=FutureWarning
+        )
         yield
 
 

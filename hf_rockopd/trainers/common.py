@@ -16,6 +16,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import ModelOutput, logging
 
+from ..console import quiet_training
 from ..engine import LossPlan
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
@@ -140,7 +141,8 @@ class RockTrainerMixin:
         return self.rock_engine.vocab_size
 
     def train(self, *args, **kwargs):
-        output = super().train(*args, **kwargs)
+        with quiet_training():  # TRL's own deprecated calls inside train(); any other warning still shows
+            output = super().train(*args, **kwargs)
         if self.is_world_process_zero():
             self.write_rock_tokens(self.args.output_dir)
         return output

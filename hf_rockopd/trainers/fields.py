@@ -18,6 +18,12 @@ __all__ = ["NORMALIZATIONS", "RockTokenArguments", "accelerator_supports_bf16"]
 NORMALIZATIONS = ("tokens", "weights")
 
 
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
 def accelerator_supports_bf16() -> bool:
     """Whether a bf16-capable accelerator (CUDA with bf16, or XPU) is present.
 
@@ -121,6 +127,15 @@ class RockTokenArguments:
         # Fall back to float32 there, so the same script runs on a laptop and on a GPU. Call before TRL's checks.
         if self.bf16 is None and not self.fp16 and not self.use_cpu and not accelerator_supports_bf16():
             self.bf16 = False
+
+    def _quiet_library_defaults(self) -> None:
+        # TRL's SFT-based configs default the deprecated `gradient_checkpointing` to True, and transformers warns
+        # about it on every config; hand TRL's default to the new name, so a config warns only about what a user
+        # wrote (any other value keeps the warning). Pinned memory means nothing without an accelerator.
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is True:
+            self.activation_checkpointing, self.gradient_checkpointing = True, None
+        if self.dataloader_pin_memory and not _has_accelerator():
+            self.dataloader_pin_memory = False
 
     def _check_rock_fields(self) -> None:
         """Range checks of the fields above (`ValueError` naming the field and the value), and the policy options
