@@ -53,8 +53,7 @@ class RockDistillationConfig(RockTokenArguments, DistillationConfig):
     )
 
     def __post_init__(self):
-        self._bf16_off_without_accelerator()
-        self._quiet_library_defaults()
+        self._prepare_trl_defaults()
         super().__post_init__()
         if not math.isfinite(self.temperature) or self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")

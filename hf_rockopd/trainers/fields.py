@@ -122,6 +122,11 @@ class RockTokenArguments:
         metadata={"help": "Temperature of the distributions inside the divergence."},
     )
 
+    def _prepare_trl_defaults(self) -> None:
+        """What both configs adjust before TRL's own `__post_init__` runs."""
+        self._bf16_off_without_accelerator()
+        self._quiet_library_defaults()
+
     def _bf16_off_without_accelerator(self) -> None:
         # TRL turns bf16 on when unset; on a machine without a bf16 accelerator that is an error in transformers.
         # Fall back to float32 there, so the same script runs on a laptop and on a GPU. Call before TRL's checks.
