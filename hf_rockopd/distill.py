@@ -27,7 +27,7 @@ from trl import ModelConfig, get_peft_config, get_quantization_config
 
 from .commands.parsing import check_at_least, check_range
 from .console import PhaseLog, quiet_training
-from .gsm8k import load_gsm8k_problems
+from .gsm8k import load_gsm8k_problems, question_messages
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,
@@ -78,6 +78,9 @@ class DistillArguments:
             Training prompts drawn from the non-held-out rows.
         num_eval_problems (`int`, *optional*, defaults to `16`):
             Held-out problems, never trained on, used for evaluation before and after training.
+        system_prompt (`str` or `None`, *optional*, defaults to `None`):
+            A system turn before every training prompt and held-out problem (e.g. asking for short answers, so
+            that completions end within `max_new_tokens`). `None`: the chat template's default.
 
         > Evaluation
 
@@ -118,6 +121,9 @@ class DistillArguments:
     dataset_config: str = field(default="main", metadata={"help": "Hub configuration of the dataset."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt and problem (default: the template's)."}
+    )
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
@@ -143,6 +149,7 @@ class DistillArguments:
             raise ValueError(
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
+        question_messages("", self.system_prompt)
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
         if self.student_layers is not None and len(self.student_layers) == 0:
@@ -259,12 +266,19 @@ class DistillResult:
 
 # -------------------------------------------------------------------------------------------------------- data ----
 def load_gsm8k_split(
-    dataset: str, num_train: int, num_eval: int, seed: int = 42, config: str = "main"
+    dataset: str,
+    num_train: int,
+    num_eval: int,
+    seed: int = 42,
+    config: str = "main",
+    system_prompt: str | None = None,
 ) -> tuple[Dataset, Dataset]:
     """GSM8K-style rows split into training prompts and held-out problems (disjoint), with `messages` added.
 
     `dataset` is a JSONL file or a Hub dataset with `question` and `answer` fields (`#### n` answers). The held-out
     problems are drawn first, at random with `seed`, so the same evaluation set comes back whatever `num_train` is.
+    `system_prompt` opens every training chat (`hf_rockopd.gsm8k.question_messages`); pass the same one to
+    `load_gsm8k_problems` for the held-out problems.
 
     Example:
     ```python
@@ -273,6 +287,7 @@ def load_gsm8k_split(
     train[0]["messages"][0]["role"]  # 'user'
     ```
     """
+    question_messages("", system_prompt)  # a bad system prompt fails before the dataset is read
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".json")):
         if not os.path.isfile(dataset):
             raise FileNotFoundError(f"Dataset file {dataset!r} does not exist. Pass a JSONL file or a Hub dataset id.")
@@ -296,7 +311,7 @@ def load_gsm8k_split(
     def to_messages(row: dict[str, Any]) -> dict[str, Any]:
         return {
             "messages": [
-                {"role": "user", "content": row["question"]},
+                *question_messages(row["question"], system_prompt),
                 {"role": "assistant", "content": row["answer"]},
             ]
         }
@@ -447,7 +462,8 @@ def run_distillation(
         trainer_args = distillation_config(args, use_vllm=script.use_vllm, vllm_mode=script.vllm_mode)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     train_prompts, held_out = load_gsm8k_split(
-        script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed, config=script.dataset_config
+        script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed,
+        config=script.dataset_config, system_prompt=script.system_prompt,
     )
     with tempfile.TemporaryDirectory() as work_dir:
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases)
@@ -461,7 +477,7 @@ def run_distillation(
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
         if script.trainer == "gkd":  # GKDTrainer's max_length bounds prompt + completion; DistillationTrainer has none
             check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
-        problems = None if script.skip_eval else load_gsm8k_problems(held_out)
+        problems = None if script.skip_eval else load_gsm8k_problems(held_out, system_prompt=script.system_prompt)
         # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
         os.makedirs(args.output_dir, exist_ok=True)
         before = after = reference = None

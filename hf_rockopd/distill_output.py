@@ -137,6 +137,7 @@ def distill_report(
             "split": "train",  # load_gsm8k_split draws both the prompts and the held-out problems from it
             "num_train": num_train,
             "num_eval": num_eval,
+            "system_prompt": script.system_prompt,
         },
         "policy": {"name": args.rock_policy, "kwargs": dict(args.rock_policy_kwargs or {})},
         "training": {

@@ -30,6 +30,7 @@ __all__ = [
     "is_correct",
     "load_gsm8k_problems",
     "parse_gold_answer",
+    "question_messages",
     "read_jsonl",
 ]
 
@@ -233,6 +234,28 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
     return [row for _, row in numbered]
 
 
+def question_messages(question: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The chat a question is asked as: a user turn, after a system turn when `system_prompt` is given.
+
+    Training prompts, held-out problems, the teacher's reference and the lab all build their chats here, so a
+    system prompt reaches every one of them or none.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.gsm8k import question_messages
+    >>> question_messages("1 + 1?", "Answer briefly.")
+    [{'role': 'system', 'content': 'Answer briefly.'}, {'role': 'user', 'content': '1 + 1?'}]
+    ```
+    """
+    if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
+        raise ValueError(
+            f"system_prompt must be a non-empty string or None, got {system_prompt!r}. Leave it unset to use the "
+            "chat template's own default system turn."
+        )
+    user = {"role": "user", "content": str(question)}
+    return [{"role": "system", "content": system_prompt}, user] if system_prompt else [user]
+
+
 def load_gsm8k_problems(
     source: Any,
     *,
@@ -241,6 +264,7 @@ def load_gsm8k_problems(
     split: str = "train",
     question_field: str = "question",
     answer_field: str = "answer",
+    system_prompt: str | None = None,
 ) -> list[Problem]:
     """GSM8K-style problems as `(messages, gold)` pairs, from a JSON-lines file, a `datasets.Dataset`, or the Hub.
 
@@ -250,6 +274,8 @@ def load_gsm8k_problems(
         limit: keep this many problems (default: all).
         tail: take them from the end instead of the start: the end of a training file as a held-out set.
         question_field, answer_field: the columns holding the question and the GSM8K solution (`#### n` gold).
+        system_prompt: a system turn before every question (`question_messages`); `None` leaves the chat
+            template's default.
 
     Raises:
         ValueError: a missing column (the message lists the columns there are), an empty set, or an answer without a
@@ -267,6 +293,7 @@ def load_gsm8k_problems(
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (or None for all problems), got {limit}.")
+    question_messages("", system_prompt)  # a bad system prompt fails before any file is read
     rows: list[dict[str, Any]] | None = None
     if isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)
@@ -318,5 +345,5 @@ def load_gsm8k_problems(
             gold = parse_gold_answer(answer)
         except ValueError as err:
             raise ValueError(f"{name}, row {index}: {err}") from None
-        problems.append(([{"role": "user", "content": str(question)}], gold))
+        problems.append((question_messages(str(question), system_prompt), gold))
     return problems

@@ -15,6 +15,7 @@ from typing import Any
 from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
+from ..gsm8k import question_messages
 from ..models import SMOLLM2_ID
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
@@ -125,6 +126,9 @@ class AblateArguments:
     split_seed: int = field(default=42, metadata={"help": "Seed of the train / held-out split (one for every run)."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=32, metadata={"help": "Held-out problems evaluated after every run."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt and problem (default: the template's)."}
+    )
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Problems generated (and rollouts made) at once."})
 
@@ -137,6 +141,7 @@ class AblateArguments:
         for name in ("student_num_layers", "rock_max_new_tokens"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
+        question_messages("", self.system_prompt)
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}.")
         if not math.isfinite(self.soft_weight) or not 0.0 < self.soft_weight < 1.0:

@@ -422,7 +422,7 @@ def run_ablation(
         load_rock_set(ablate.rock_set)
     train, held_out = load_gsm8k_split(
         ablate.dataset, ablate.num_train_prompts, ablate.num_eval_problems, seed=ablate.split_seed,
-        config=ablate.dataset_config,
+        config=ablate.dataset_config, system_prompt=ablate.system_prompt,
     )
     # Every policy's options are checked now, with the paths its rock set will have (the options check types and
     # ranges, not files), so a bad --policy_kwargs value fails before the teacher loads.
@@ -441,7 +441,7 @@ def run_ablation(
     trained = []
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
-        problems = load_gsm8k_problems(held_out)
+        problems = load_gsm8k_problems(held_out, system_prompt=ablate.system_prompt)
         start = student
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)

@@ -36,6 +36,9 @@ class EvalArguments:
     answer_field: str = field(default="answer", metadata={"help": "GSM8K solution ending in '#### <number>'."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate N problems."})
     tail: bool = field(default=False, metadata={"help": "Take the last N problems (held out from training)."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt (default: the chat template's)."}
+    )
     teacher_reference: str | None = field(
         default=None,
         metadata={"help": "JSON cache of the teacher's completions: reused when made with the same teacher, "
@@ -66,7 +69,7 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
 
     problems = load_problems(
         args.problems, limit=args.limit, tail=args.tail, split=args.split,
-        question_field=args.question_field, answer_field=args.answer_field,
+        question_field=args.question_field, answer_field=args.answer_field, system_prompt=args.system_prompt,
     )
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)

@@ -77,6 +77,9 @@ class CollectArguments:
     out: str = field(metadata={"help": "Token-table directory (resumable)."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the student's)."})
     prompt_field: str | None = field(default=None, metadata={"help": "The column holding the prompt."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt (default: the chat template's)."}
+    )
     limit: int | None = field(default=None, metadata={"help": "Use the first N prompts."})
     max_new_tokens: int = field(default=256, metadata={"help": "New tokens generated per prompt."})
     batch_size: int = field(default=8, metadata={"help": "Prompts generated at once."})
@@ -175,6 +178,9 @@ class KnockoutArguments:
     rock_set: str = field(metadata={"help": "rock_set.json whose first --top ids are banned."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
     top: int = field(default=20, metadata={"help": "Ban the first N ids of the rock set, one at a time."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt (default: the chat template's)."}
+    )
     limit: int | None = field(default=None, metadata={"help": "Evaluate the first N problems."})
     max_new_tokens: int = field(default=256, metadata={"help": "Greedy new tokens per problem."})
     batch_size: int = field(default=8, metadata={"help": "Problems generated at once."})
@@ -217,7 +223,9 @@ class ReportArguments:
 def collect(args: CollectArguments, loading: LoadingArguments) -> int:
     """Run `analyze collect`."""
     lab = _lab()
-    prompts = lab.load_prompts(args.prompts, limit=args.limit, field_name=args.prompt_field)
+    prompts = lab.load_prompts(
+        args.prompts, limit=args.limit, field_name=args.prompt_field, system_prompt=args.system_prompt
+    )
     tokenizer = load_tokenizer(args.tokenizer or args.student)
     student, teacher = load_model(args.student, loading), load_model(args.teacher, loading)
     lab.collect_token_table(
@@ -301,7 +309,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     from ..modeling import vocab_size
     from ..rock_set import load_rock_set
 
-    problems = load_problems(args.problems, limit=args.limit)
+    problems = load_problems(args.problems, limit=args.limit, system_prompt=args.system_prompt)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)
     ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]

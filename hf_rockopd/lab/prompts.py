@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..gsm8k import load_gsm8k_problems, read_jsonl
+from ..gsm8k import load_gsm8k_problems, question_messages, read_jsonl
 
 
 __all__ = ["load_problems", "load_prompts"]
@@ -23,10 +23,17 @@ __all__ = ["load_problems", "load_prompts"]
 load_problems = load_gsm8k_problems
 
 
-def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: str | None = None) -> list[Any]:
+def load_prompts(
+    path: str | os.PathLike,
+    limit: int | None = None,
+    field_name: str | None = None,
+    system_prompt: str | None = None,
+) -> list[Any]:
     """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K).
 
     Returns chat message lists (`[{"role": "user", "content": ...}]`), the form `collect_token_table` takes.
+    `system_prompt` opens each chat that has no system turn of its own (`hf_rockopd.gsm8k.question_messages`), as
+    the distill and ablate jobs' prompts did when they were given one.
 
     Example:
     ```python
@@ -38,6 +45,7 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: 
     [[{'role': 'user', 'content': '1 + 1?'}]]
     ```
     """
+    question_messages("", system_prompt)  # a bad system prompt fails before the file is read
     fields = [field_name] if field_name else ["messages", "prompt", "question"]
     prompts: list[Any] = []
     for line_no, row in read_jsonl(path, limit):
@@ -52,9 +60,11 @@ def load_prompts(path: str | os.PathLike, limit: int | None = None, field_name: 
         if found == "messages":
             # Drop a trailing assistant answer: the student must generate it.
             value = [m for m in value if m.get("role") != "assistant"] or value
+            if system_prompt and not any(m.get("role") == "system" for m in value):
+                value = [{"role": "system", "content": system_prompt}, *value]
             prompts.append(value)
         else:
-            prompts.append([{"role": "user", "content": str(value)}])
+            prompts.append(question_messages(str(value), system_prompt))
     if not prompts:
         raise ValueError(f"{path} holds no prompt. Give a JSON-lines file with one prompt per line.")
     return prompts

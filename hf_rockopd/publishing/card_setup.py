@@ -266,7 +266,7 @@ def reproduce_config(report: Mapping[str, Any]) -> dict[str, Any]:
         config["skip_eval"] = True
     recorded = dict(report.get("distill_args") or {})
     for key in ("student_num_layers", "student_layers", "dataset_config", "num_train_prompts", "num_eval_problems",
-                "eval_max_new_tokens", "eval_batch_size", "skip_eval"):
+                "system_prompt", "eval_max_new_tokens", "eval_batch_size", "skip_eval"):
         if recorded.get(key) not in (None, False) and not (key == "dataset_config" and recorded[key] == "main"):
             config[key] = recorded[key]
     if "student_layers" in config and "student_num_layers" in config:
