@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn as nn
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import ModelOutput, logging
 
@@ -25,7 +27,14 @@ from ..publishing.run_report import CARD_NAME
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["PAPER", "RockLossOutput", "RockTrainerMixin", "loss_output", "refuse_prediction_hooks"]
+__all__ = [
+    "PAPER",
+    "RockLossOutput",
+    "RockTrainerMixin",
+    "check_trainer_arguments",
+    "loss_output",
+    "refuse_prediction_hooks",
+]
 
 PAPER = {
     "title": "Cornerstones or Stumbling Blocks? Deciphering the Rock Tokens in On-Policy Distillation",
@@ -109,6 +118,67 @@ def refuse_prediction_hooks(trainer_name: str, compute_metrics: Any, preprocess_
             "Evaluation reports eval_loss and the eval_rock/* metrics; for task metrics evaluate the saved model "
             "(`hf-rockopd evaluate`, hf_rockopd.evaluation) or use a TrainerCallback's on_evaluate."
         )
+
+
+def check_trainer_arguments(
+    trainer_name: str,
+    config_class: type,
+    model: Any,
+    teacher_model: Any,
+    args: Any,
+    train_dataset: Any = None,
+    processing_class: Any = None,
+) -> Any:
+    """The constructor checks both rock-token trainers run first, before any model loads; returns the config.
+
+    `args=None` gives a default `config_class` whose `output_dir` is `<model name>-<trainer name without "Trainer">`.
+    Everything else that is wrong is a `TypeError` (a value of the wrong kind) or a `ValueError` that names the value
+    and the fix: a config of another class, a model or teacher that is neither a model nor a name/path, no teacher,
+    `teacher_model_init_kwargs` with a teacher that is already built (TRL would ignore or refuse them only after
+    loading the student), a `processing_class` that is not a tokenizer or processor, an empty `train_dataset`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.trainers import RockOPDConfig
+    >>> from hf_rockopd.trainers.common import check_trainer_arguments
+    >>> args = check_trainer_arguments("RockOPDTrainer", RockOPDConfig, "org/student", "org/teacher", None)
+    >>> args.output_dir
+    'student-RockOPD'
+    ```
+    """
+    if args is None:
+        name = model if isinstance(model, str) else type(model).__name__
+        suffix = trainer_name.removesuffix("Trainer")
+        args = config_class(output_dir=f"{str(name).split('/')[-1]}-{suffix}")
+    elif not isinstance(args, config_class):
+        raise TypeError(
+            f"{trainer_name} needs a {config_class.__name__}, got {type(args).__name__}. Build one with the same "
+            f"fields: {config_class.__name__}(**your_config.to_dict()), or copy your settings over."
+        )
+    if not isinstance(model, (str, nn.Module)):
+        raise TypeError(
+            f"{trainer_name} needs model=<a model or a model name/path>, got {type(model).__name__}: {model!r}."
+        )
+    if teacher_model is None:
+        raise ValueError(f"{trainer_name} needs a teacher_model (a model or a model name/path).")
+    if not isinstance(teacher_model, (str, nn.Module)):
+        raise TypeError(
+            f"{trainer_name} needs teacher_model=<a model or a model name/path>, got {type(teacher_model).__name__}: "
+            f"{teacher_model!r}."
+        )
+    if args.teacher_model_init_kwargs is not None and not isinstance(teacher_model, str):
+        raise ValueError(
+            f"You passed teacher_model_init_kwargs to the {config_class.__name__}, but your teacher_model is already "
+            "instantiated: the kwargs would be ignored. Pass the teacher as a name/path, or drop the kwargs."
+        )
+    if processing_class is not None and not isinstance(processing_class, (PreTrainedTokenizerBase, ProcessorMixin)):
+        raise TypeError(
+            f"processing_class must be a tokenizer (or a processor), got {type(processing_class).__name__}: "
+            f"{processing_class!r}. Load it with AutoTokenizer.from_pretrained(<student name or path>)."
+        )
+    if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
+        raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
+    return args
 
 
 class RockTrainerMixin:

@@ -22,13 +22,13 @@ from ..engine.weighting import project_rows
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
-from .common import PAPER, RockTrainerMixin, loss_output
+from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output
 from .distillation_config import RockDistillationConfig
 
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["VLLM_INSTALL", "RockDistillationTrainer", "check_vllm_available"]
+__all__ = ["VLLM_INSTALL", "RockDistillationTrainer", "check_prompt_columns", "check_vllm_available"]
 
 VLLM_INSTALL = 'pip install "trl[vllm]"'
 
@@ -63,6 +63,38 @@ def check_vllm_available(use_vllm: bool) -> None:
         )
 
 
+def check_prompt_columns(train_dataset: Any, eval_dataset: Any = None) -> None:
+    """`ValueError` naming the split and its columns when a dataset has no `"prompt"` column.
+
+    `DistillationTrainer` keeps only the `prompt` (and image) columns and reads `x["prompt"]` at the first generation,
+    so a dataset without one would pass construction and fail as a `KeyError` in `train()`. Datasets that do not
+    list their columns (an `IterableDataset` before its first example, a plain list) are not checked.
+
+    Example:
+    ```python
+    >>> from datasets import Dataset
+    >>> from hf_rockopd.trainers.distillation import check_prompt_columns
+    >>> check_prompt_columns(Dataset.from_list([{"prompt": "2+3?"}]))  # has a prompt column: fine
+    ```
+    """
+    splits = {"train_dataset": train_dataset}
+    if isinstance(eval_dataset, dict):
+        splits.update({f"eval_dataset[{name!r}]": split for name, split in eval_dataset.items()})
+    else:
+        splits["eval_dataset"] = eval_dataset
+    for name, split in splits.items():
+        columns = getattr(split, "column_names", None)
+        if not isinstance(columns, list) or "prompt" in columns:
+            continue
+        hint = (
+            " 'messages' is RockOPDTrainer's format: use RockOPDTrainer, or make prompts of the turns before the "
+            "first assistant turn with hf_rockopd.distill_trainer.prompts_only(dataset)."
+            if "messages" in columns
+            else " Add one: the chat messages up to the assistant's turn, or the prompt text."
+        )
+        raise ValueError(f"RockDistillationTrainer's {name} has no 'prompt' column; it has {sorted(columns)}.{hint}")
+
+
 class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
     """On-policy distillation on TRL's stable `DistillationTrainer`, with a token-weighted divergence.
 
@@ -77,7 +109,10 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
     Args:
         model, teacher_model, train_dataset, eval_dataset, processing_class, callbacks, optimizers, quantization_config,
         peft_config, tools:
-            As for `DistillationTrainer` (datasets with a `"prompt"` column). `teacher_model` is required.
+            As for `DistillationTrainer` (datasets with a `"prompt"` column). `teacher_model` is required, and so is
+            `processing_class` for a model built in code (TRL loads the tokenizer by the model's name). The checks of
+            [`~hf_rockopd.trainers.common.check_trainer_arguments`] and a dataset without a `"prompt"` column fail
+            before any model loads.
         args ([`RockDistillationConfig`], *optional*):
             The configuration; a default one when `None`.
         rock_policy ([`~hf_rockopd.policies.TokenPolicy`] or `str`, *optional*):
@@ -119,26 +154,21 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
         tools: list | None = None,
         rock_policy: TokenPolicy | str | None = None,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else type(model).__name__
-            args = RockDistillationConfig(output_dir=f"{str(name).split('/')[-1]}-RockDistillation")
-        elif not isinstance(args, RockDistillationConfig):
-            raise TypeError(
-                f"RockDistillationTrainer needs a RockDistillationConfig, got {type(args).__name__}. Build one with "
-                "the same fields: RockDistillationConfig(**your_config.to_dict())."
-            )
-        if teacher_model is None:
-            raise ValueError("RockDistillationTrainer needs a teacher_model (a model or a model name/path).")
-        if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
-            raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
+        args = check_trainer_arguments(
+            "RockDistillationTrainer", RockDistillationConfig, model, teacher_model, args, train_dataset,
+            processing_class,
+        )
         check_vllm_available(args.use_vllm)
         check_supported_setup(args, "RockDistillationTrainer")
-        if args.teacher_model_init_kwargs is not None and not isinstance(teacher_model, str):
-            # TRL raises the same, but only after loading the student.
+        model_name = getattr(getattr(model, "config", None), "_name_or_path", "")
+        if processing_class is None and not isinstance(model, str) and not model_name:
+            # TRL would load the tokenizer from the model's name, which a model built in code does not have.
             raise ValueError(
-                "You passed teacher_model_init_kwargs to the RockDistillationConfig, but your teacher_model is "
-                "already instantiated: the kwargs would be ignored. Pass the teacher as a name/path, or drop them."
+                "RockDistillationTrainer needs processing_class when the model has no name or path to load its "
+                "tokenizer from: pass processing_class=AutoTokenizer.from_pretrained(<student>), or the model as a "
+                "name/path."
             )
+        check_prompt_columns(train_dataset, eval_dataset)
         # Built before any model loads, so a bad name or option fails in seconds.
         policy = build_policy(rock_policy, args)
         super().__init__(

@@ -20,7 +20,7 @@ from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
-from .common import PAPER, RockTrainerMixin, loss_output, refuse_prediction_hooks
+from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output, refuse_prediction_hooks
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
 
@@ -116,25 +116,10 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         formatting_func: Callable | None = None,
         rock_policy: TokenPolicy | str | None = None,
     ):
-        if args is None:
-            name = model if isinstance(model, str) else type(model).__name__
-            args = RockOPDConfig(output_dir=f"{str(name).split('/')[-1]}-RockOPD")
-        elif not isinstance(args, RockOPDConfig):
-            raise TypeError(
-                f"RockOPDTrainer needs a RockOPDConfig, got {type(args).__name__}. Build one with the same fields: "
-                "RockOPDConfig(**your_config.to_dict()) or copy your settings over."
-            )
-        if teacher_model is None:
-            raise ValueError("RockOPDTrainer needs a teacher_model (a model or a model name/path).")
-        if args.teacher_model_init_kwargs is not None and not isinstance(teacher_model, str):
-            # GKDTrainer raises here too; checked before any model loads.
-            raise ValueError(
-                "You passed teacher_model_init_kwargs to the RockOPDConfig, but your teacher_model is already "
-                "instantiated: the kwargs would be ignored. Pass the teacher as a name/path, or drop the kwargs."
-            )
+        args = check_trainer_arguments(
+            "RockOPDTrainer", RockOPDConfig, model, teacher_model, args, train_dataset, processing_class
+        )
         refuse_prediction_hooks("RockOPDTrainer", compute_metrics, preprocess_logits_for_metrics)
-        if train_dataset is not None and hasattr(train_dataset, "__len__") and len(train_dataset) == 0:
-            raise ValueError("train_dataset is empty: on-policy distillation needs at least one prompt.")
         check_supported_setup(args, fsdp2=True)
         if data_collator is None:
             if processing_class is None:
