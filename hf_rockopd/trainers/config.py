@@ -93,4 +93,5 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
         super().__post_init__()
         if not math.isfinite(self.temperature) or self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        self._check_length("max_new_tokens")
         self._check_rock_fields()

@@ -57,6 +57,8 @@ class RockDistillationConfig(RockTokenArguments, DistillationConfig):
         super().__post_init__()
         if not math.isfinite(self.temperature) or self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+        if self.max_completion_length is not None:  # None is allowed by TRL (generation defaults decide the length)
+            self._check_length("max_completion_length")
         if self.loss_temperature is None:
             self.loss_temperature = self.temperature
         self._check_rock_fields()

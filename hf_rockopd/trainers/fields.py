@@ -126,6 +126,9 @@ class RockTokenArguments:
         """What both configs adjust before TRL's own `__post_init__` runs."""
         self._bf16_off_without_accelerator()
         self._quiet_library_defaults()
+        # Parsed before transformers' own parse of dict fields, whose bare `json.loads` error names neither the field
+        # nor the value.
+        self.rock_policy_kwargs = parse_policy_kwargs(self.rock_policy_kwargs)
 
     def _bf16_off_without_accelerator(self) -> None:
         # TRL turns bf16 on when unset; on a machine without a bf16 accelerator that is an error in transformers.
@@ -141,6 +144,13 @@ class RockTokenArguments:
             self.activation_checkpointing, self.gradient_checkpointing = True, None
         if self.dataloader_pin_memory and not _has_accelerator():
             self.dataloader_pin_memory = False
+
+    def _check_length(self, name: str) -> None:
+        """`ValueError` unless the length field `name` (`max_new_tokens`, `max_completion_length`) is an integer >= 1;
+        TRL's configs accept 0 and negative counts, which leave no completion token to train on."""
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1 (new tokens per completion), got {value!r}.")
 
     def _check_rock_fields(self) -> None:
         """Range checks of the fields above (`ValueError` naming the field and the value), and the policy options
