@@ -1,29 +1,22 @@
-"""Hostile inputs: each is handled correctly (and said so) or stopped with a clear error before training."""
+"""Hostile inputs: each is handled correctly (and said so) or stopped with a clear error before training.
+
+The tests that take a `kind` run against both trainers (`RockOPDTrainer` and `RockDistillationTrainer`, see
+tests/trainer_kinds.py); the collator tests are `RockOPDTrainer`'s alone (`RockDistillationTrainer` takes prompts only
+and never truncates them).
+"""
 
 import logging
 import math
 
 import pytest
-import torch
 from conftest import make_dataset
 from datasets import Dataset
+from trainer_kinds import KINDS
 from trl.experimental.utils import DataCollatorForChatML
 
-from hf_rockopd import RockOPDTrainer
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.rock_set import save_rock_set
 from hf_rockopd.trainers.data import OnPolicyChatMLCollator, PromptTooLongError
-
-
-def make_trainer(student, teacher, args, tokenizer, dataset=None, **kwargs):
-    return RockOPDTrainer(
-        model=student,
-        teacher_model=teacher,
-        args=args,
-        train_dataset=dataset if dataset is not None else make_dataset(),
-        processing_class=tokenizer,
-        **kwargs,
-    )
 
 
 def logged(trainer, key):
@@ -31,29 +24,96 @@ def logged(trainer, key):
 
 
 # ---------------------------------------------------------------------------------------------- set-up ----
-def test_fsdp1_is_refused_before_any_model_is_loaded(student, tokenizer, args_factory, monkeypatch):
+FSDP1_REFUSAL = {
+    "gkd": "supports FSDP2 only, and this run asks for FSDP version 1",
+    "distillation": r"RockDistillationTrainer does not support FSDP yet \(not run\)",
+}
+
+
+def test_fsdp1_is_refused_before_any_model_is_loaded(kind, student, tokenizer, kind_args, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # `accelerate launch --use_fsdp`: version 1 unless told
     monkeypatch.delenv("FSDP_VERSION", raising=False)
-    with pytest.raises(ValueError, match="supports FSDP2 only, and this run asks for FSDP version 1"):
+    with pytest.raises(ValueError, match=FSDP1_REFUSAL[kind.name]):
         # A teacher path that does not exist: the FSDP check must come first.
-        make_trainer(student, "/nonexistent/teacher", args_factory(), tokenizer)
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
 
 
-def test_processes_that_did_not_join_a_group_are_refused(student, teacher, tokenizer, args_factory, monkeypatch):
+def test_processes_that_did_not_join_a_group_are_refused(kind, student, teacher, tokenizer, kind_args, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"WORLD_SIZE=2 processes, but the Trainer runs single-process.*use_cpu=True"):
-        make_trainer(student, teacher, args_factory(), tokenizer)
+        kind.make(student, teacher, kind_args(), tokenizer)
 
 
-def test_missing_tokenizer_is_a_clear_error(student, teacher, args_factory):
-    with pytest.raises(ValueError, match="needs processing_class"):
-        RockOPDTrainer(model=student, teacher_model=teacher, args=args_factory(), train_dataset=make_dataset())
+def test_missing_tokenizer_is_a_clear_error(kind, student, teacher, kind_args):
+    # A model built in code has no name to load a tokenizer from (RockDistillationTrainer, like TRL, would try).
+    with pytest.raises(ValueError, match=r"needs processing_class.*AutoTokenizer\.from_pretrained"):
+        kind.trainer_class(model=student, teacher_model=teacher, args=kind_args(), train_dataset=kind.dataset())
 
 
-def test_dataset_without_messages_or_prompt_fails_before_training(student, teacher, tokenizer, args_factory):
+def test_processing_class_that_is_not_a_tokenizer_is_a_type_error(kind, student, teacher, kind_args):
+    with pytest.raises(TypeError, match=r"processing_class must be a tokenizer.*got str: 'student/name'"):
+        kind.make(student, teacher, kind_args(), "student/name")
+
+
+@pytest.mark.parametrize(
+    "role, value, error",
+    [("model", None, TypeError), ("model", 3, TypeError), ("teacher_model", 3, TypeError),
+     ("teacher_model", None, ValueError)],
+)
+def test_models_of_the_wrong_kind_are_refused_naming_the_argument(
+    kind, student, teacher, tokenizer, kind_args, role, value, error
+):
+    models = {"model": student, "teacher_model": teacher, role: value}
+    with pytest.raises(error, match=f"needs (a )?{role}"):
+        kind.make(models["model"], models["teacher_model"], kind_args(), tokenizer)
+
+
+def test_teacher_with_another_vocabulary_is_refused_naming_both_sizes(kind, student, tokenizer, kind_args):
+    teacher = build_tiny_causal_lm(tokenizer, seed=1, vocab_size=300)
+    with pytest.raises(ValueError, match="vocab_size 259 but the teacher model has vocab_size 300"):
+        kind.make(student, teacher, kind_args(), tokenizer)
+
+
+def test_empty_train_dataset_is_refused(kind, student, teacher, tokenizer, kind_args):
+    empty = kind.dataset(1).select([])
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        kind.make(student, teacher, kind_args(), tokenizer, dataset=empty)
+
+
+PROMPT_COLUMN_REFUSAL = {
+    "gkd": r"neither 'messages' nor 'prompt'; it has \['answer', 'question'\]",
+    "distillation": r"train_dataset has no 'prompt' column; it has \['answer', 'question'\]",
+}
+
+
+def test_dataset_without_messages_or_prompt_fails_before_training(kind, student, teacher, tokenizer, kind_args):
     dataset = Dataset.from_list([{"question": "2+2?", "answer": "4"}])
-    with pytest.raises(ValueError, match=r"neither 'messages' nor 'prompt'; it has \['answer', 'question'\]"):
-        make_trainer(student, teacher, args_factory(), tokenizer, dataset=dataset)
+    with pytest.raises(ValueError, match=PROMPT_COLUMN_REFUSAL[kind.name]):
+        kind.make(student, teacher, kind_args(), tokenizer, dataset=dataset)
+
+
+def test_eval_dataset_without_prompts_fails_before_training(kind, student, teacher, tokenizer, kind_args):
+    bad = Dataset.from_list([{"question": "2+2?"}])
+    with pytest.raises(ValueError, match=r"it has \['question'\]"):
+        kind.make(student, teacher, kind_args(), tokenizer, eval_dataset={"held_out": bad})
+
+
+def test_chat_messages_given_to_the_distillation_trainer_name_the_fix(student, teacher, tokenizer, tmp_path):
+    distillation = KINDS["distillation"]
+    with pytest.raises(ValueError, match=r"'messages' is RockOPDTrainer's format.*prompts_only\(dataset\)"):
+        distillation.make(student, teacher, distillation.args(tmp_path), tokenizer, dataset=make_dataset(4))
+
+
+@pytest.mark.parametrize("length", [0, -1])
+def test_completion_length_below_one_is_refused_naming_the_field(kind, kind_args, length):
+    field = {"gkd": "max_new_tokens", "distillation": "max_completion_length"}[kind.name]
+    with pytest.raises(ValueError, match=f"{field} must be an integer >= 1.*got {length}"):
+        kind_args(max_new_tokens=length)
+
+
+def test_policy_kwargs_that_are_not_json_name_the_field_and_the_value(kind, kind_args):
+    with pytest.raises(ValueError, match=r"rock_policy_kwargs is not valid JSON: '\{top_k: 3\}'"):
+        kind_args(rock_policy="rock_online", rock_policy_kwargs="{top_k: 3}")
 
 
 # -------------------------------------------------------------------------------------- prompt lengths ----
@@ -67,8 +127,10 @@ def long_prompt_dataset(n_words):
 
 
 def test_prompt_longer_than_max_length_fails_at_start_naming_it(student, teacher, tokenizer, args_factory):
+    # RockOPDTrainer only: RockDistillationTrainer has no max_length and never truncates a prompt.
+    args = args_factory(max_length=32)
     with pytest.raises(PromptTooLongError, match=r"1 of 2 prompts are longer than max_length=32: #1 \(\d+ tokens\)"):
-        make_trainer(student, teacher, args_factory(max_length=32), tokenizer, dataset=long_prompt_dataset(40))
+        KINDS["gkd"].make(student, teacher, args, tokenizer, dataset=long_prompt_dataset(40))
 
 
 def test_prompt_is_kept_whole_when_the_dataset_answer_does_not_fit(tokenizer):
@@ -96,8 +158,8 @@ def test_prompt_only_examples_are_accepted(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------- completions ----
-def test_empty_completion_for_every_prompt_trains_on_the_eos_token(student, teacher, tokenizer, args_factory):
-    trainer = make_trainer(student, teacher, args_factory(max_steps=2), tokenizer)
+def test_empty_completion_for_every_prompt_trains_on_the_eos_token(kind, student, teacher, tokenizer, kind_args):
+    trainer = kind.make(student, teacher, kind_args(max_steps=2), tokenizer)
     # The student can only say eos: every completion is the empty answer.
     trainer.generation_config.suppress_tokens = [i for i in range(len(tokenizer)) if i != tokenizer.eos_token_id]
     trainer.train()
@@ -107,14 +169,17 @@ def test_empty_completion_for_every_prompt_trains_on_the_eos_token(student, teac
     assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
 
 
-def test_completion_at_the_length_limit_is_scored_and_reported_as_clipped(student, teacher, tokenizer, args_factory):
-    trainer = make_trainer(student, teacher, args_factory(max_steps=2, max_new_tokens=7), tokenizer)
-    trainer.generation_config.suppress_tokens = [tokenizer.eos_token_id]
+def test_completion_at_the_length_limit_is_scored_and_reported_as_clipped(
+    kind, student, teacher, tokenizer, kind_args
+):
+    trainer = kind.make(student, teacher, kind_args(max_steps=2, max_new_tokens=7), tokenizer)
+    # Neither eos nor pad: every completion runs to the limit, and its last token is an ordinary one.
+    trainer.generation_config.suppress_tokens = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     seen = []
     original = trainer.compute_loss
 
     def spy(model, inputs, *args, **kwargs):
-        seen.append(inputs["labels"].clone())
+        seen.append(kind.view(inputs)["labels"].clone())
         return original(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = spy
@@ -122,29 +187,27 @@ def test_completion_at_the_length_limit_is_scored_and_reported_as_clipped(studen
     assert logged(trainer, "completions/mean_length") == [7.0, 7.0]
     assert logged(trainer, "completions/clipped_ratio") == [1.0, 1.0]
     # The last generated token (the final column) is a scored label in every row.
-    assert all((labels[:, -1] != -100).all() for labels in seen)
+    assert seen and all((labels[:, -1] != -100).all() for labels in seen)
     assert all(math.isfinite(x) for x in logged(trainer, "loss"))
 
 
 # ------------------------------------------------------------------------------------ special tokens ----
-def test_teacher_with_another_eos_is_warned_about(student, teacher, tokenizer, args_factory, caplog):
+def test_teacher_with_another_eos_is_warned_about(kind, student, teacher, tokenizer, kind_args, caplog):
     teacher.generation_config.eos_token_id = 3
     teacher.config.eos_token_id = 3
     with caplog.at_level(logging.WARNING):
-        make_trainer(student, teacher, args_factory(), tokenizer)
+        kind.make(student, teacher, kind_args(), tokenizer)
     assert "end with eos id(s) 256 ('<|im_end|>'), but the teacher's eos is 3" in caplog.text
 
 
-def test_teacher_with_another_pad_id_gives_the_same_loss(tokenizer, args_factory):
+def test_teacher_with_another_pad_id_gives_the_same_loss(kind, tokenizer, kind_args):
     def loss_with(pad_id):
         student = build_tiny_causal_lm(tokenizer, seed=0)
         teacher = build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
         teacher.config.pad_token_id = pad_id
         teacher.generation_config.pad_token_id = pad_id
-        trainer = make_trainer(student, teacher, args_factory(), tokenizer)
-        inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-        inputs = {k: v for k, v in inputs.items() if torch.is_tensor(v)}
-        return trainer.compute_loss(trainer.model, inputs).item()
+        trainer = kind.make(student, teacher, kind_args(), tokenizer)
+        return trainer.compute_loss(trainer.model, kind.batch(trainer)).item()
 
     # Padding is masked by position (attention mask, labels), never matched by id.
     assert loss_with(tokenizer.pad_token_id) == loss_with(0)
@@ -152,21 +215,21 @@ def test_teacher_with_another_pad_id_gives_the_same_loss(tokenizer, args_factory
 
 # ---------------------------------------------------------------------------------------- rock sets ----
 def test_rock_set_from_another_tokenizer_of_the_same_size_names_the_file(
-    student, teacher, tokenizer, args_factory, tmp_path
+    kind, student, teacher, tokenizer, kind_args, tmp_path
 ):
     path = tmp_path / "rock_set.json"
     save_rock_set(path, [{"token_id": 65, "token": "zz"}, {"token_id": 66, "token": tokenizer.decode([66])}],
                   vocab_size=len(tokenizer), tokenizer_name="other/tokenizer")
-    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    args = kind_args(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
     with pytest.raises(ValueError, match=r"rock_set.json' was made with another tokenizer \('other/tokenizer'\): 1 of"):
-        make_trainer(student, teacher, args, tokenizer)
+        kind.make(student, teacher, args, tokenizer)
 
 
-def test_rock_set_from_the_same_tokenizer_is_accepted(student, teacher, tokenizer, args_factory, tmp_path):
+def test_rock_set_from_the_same_tokenizer_is_accepted(kind, student, teacher, tokenizer, kind_args, tmp_path):
     path = tmp_path / "rock_set.json"
     save_rock_set(path, [{"token_id": 65, "token": tokenizer.decode([65])}], vocab_size=len(tokenizer))
-    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
-    assert make_trainer(student, teacher, args, tokenizer).rock_policy.rock_ids() == [65]
+    args = kind_args(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    assert kind.make(student, teacher, args, tokenizer).rock_policy.rock_ids() == [65]
 
 
 @pytest.mark.parametrize(
@@ -179,13 +242,13 @@ def test_rock_set_from_the_same_tokenizer_is_accepted(student, teacher, tokenize
     ],
 )
 def test_bad_rock_set_files_fail_at_trainer_creation_naming_the_file(
-    student, teacher, tokenizer, args_factory, tmp_path, content, message
+    kind, student, teacher, tokenizer, kind_args, tmp_path, content, message
 ):
     path = tmp_path / "bad_rocks.json"
     path.write_text(content)
-    args = args_factory(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
+    args = kind_args(rock_policy="rock_freeze", rock_policy_kwargs={"token_ids": str(path)})
     with pytest.raises(ValueError, match="bad_rocks.json") as err:
-        make_trainer(student, teacher, args, tokenizer)
+        kind.make(student, teacher, args, tokenizer)
     assert err.match(message)
 
 
