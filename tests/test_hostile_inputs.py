@@ -68,18 +68,6 @@ def test_models_of_the_wrong_kind_are_refused_naming_the_argument(
         kind.make(models["model"], models["teacher_model"], kind_args(), tokenizer)
 
 
-def test_teacher_with_another_vocabulary_is_refused_naming_both_sizes(kind, student, tokenizer, kind_args):
-    teacher = build_tiny_causal_lm(tokenizer, seed=1, vocab_size=300)
-    with pytest.raises(ValueError, match="vocab_size 259 but the teacher model has vocab_size 300"):
-        kind.make(student, teacher, kind_args(), tokenizer)
-
-
-def test_empty_train_dataset_is_refused(kind, student, teacher, tokenizer, kind_args):
-    empty = kind.dataset(1).select([])
-    with pytest.raises(ValueError, match="train_dataset is empty"):
-        kind.make(student, teacher, kind_args(), tokenizer, dataset=empty)
-
-
 PROMPT_COLUMN_REFUSAL = {
     "gkd": r"neither 'messages' nor 'prompt'; it has \['answer', 'question'\]",
     "distillation": r"train_dataset has no 'prompt' column; it has \['answer', 'question'\]",
@@ -102,18 +90,6 @@ def test_chat_messages_given_to_the_distillation_trainer_name_the_fix(student, t
     distillation = KINDS["distillation"]
     with pytest.raises(ValueError, match=r"'messages' is RockOPDTrainer's format.*prompts_only\(dataset\)"):
         distillation.make(student, teacher, distillation.args(tmp_path), tokenizer, dataset=make_dataset(4))
-
-
-@pytest.mark.parametrize("length", [0, -1])
-def test_completion_length_below_one_is_refused_naming_the_field(kind, kind_args, length):
-    field = {"gkd": "max_new_tokens", "distillation": "max_completion_length"}[kind.name]
-    with pytest.raises(ValueError, match=f"{field} must be an integer >= 1.*got {length}"):
-        kind_args(max_new_tokens=length)
-
-
-def test_policy_kwargs_that_are_not_json_name_the_field_and_the_value(kind, kind_args):
-    with pytest.raises(ValueError, match=r"rock_policy_kwargs is not valid JSON: '\{top_k: 3\}'"):
-        kind_args(rock_policy="rock_online", rock_policy_kwargs="{top_k: 3}")
 
 
 # -------------------------------------------------------------------------------------- prompt lengths ----
