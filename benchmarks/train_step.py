@@ -15,8 +15,14 @@ Every trainer gets the same student and teacher (fresh copies), the same GSM8K p
 
 The first step is a warm-up and is not reported; medians over the others are.
 
+`rockopd_half` and `rockdistillation_half` are our trainers with half of each batch's completion positions frozen
+(`benchmarks.half_frozen.HalfFrozenPolicy`: weight 0, known before projection, so those rows are never projected),
+timed against the same TRL anchor as the uniform rows. The targets: loss+backward <= 1.0x the anchor's with uniform
+weights and <= 0.6x with half frozen, and a total step at most 5 % slower. Every ratio is printed at the end of the run
+and written to the JSON file.
+
 Run: `python -m benchmarks.train_step --pair tiny` (or `--pair smollm2`, the real SmolLM2-135M-Instruct teacher and a
-pruned student); `--trainers gkd rockopd` runs one pair only.
+pruned student); `--trainers distillation rockdistillation rockdistillation_half` runs one pair only.
 """
 
 from __future__ import annotations
@@ -38,9 +44,20 @@ __all__ = ["PAIRS", "run_trainer"]
 
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
 PAIRS = ("tiny", "smollm2")
-TRAINERS = ("gkd", "rockopd", "distillation", "rockdistillation")
-# Ours over its base, in `ratios` of the results file.
-BASES = {"rockopd": "gkd", "rockdistillation": "distillation"}
+TRAINERS = ("gkd", "rockopd", "rockopd_half", "distillation", "rockdistillation", "rockdistillation_half")
+# Ours over its TRL anchor; each pair of the results file's ratios, under this key.
+BASES = {
+    "rockopd": "gkd",
+    "rockopd_half": "gkd",
+    "rockdistillation": "distillation",
+    "rockdistillation_half": "distillation",
+}
+RATIO_KEYS = {
+    "rockopd": "ratios",
+    "rockopd_half": "ratios_half",
+    "rockdistillation": "ratios_distillation",
+    "rockdistillation_half": "ratios_distillation_half",
+}
 
 
 def _prompts(n: int):
@@ -185,12 +202,19 @@ def train_steps(
         bf16=cuda,
     )
     transformers.set_seed(seed)
-    if trainer_name == "rockopd":
+    # The `_half` rows: the same trainer with half of the completion positions frozen (the policy object overrides
+    # the config's `rock_policy`).
+    policy = None
+    if trainer_name.endswith("_half"):
+        from benchmarks.half_frozen import HalfFrozenPolicy
+
+        policy = HalfFrozenPolicy()
+    if trainer_name in ("rockopd", "rockopd_half"):
         from hf_rockopd import RockOPDConfig, RockOPDTrainer
 
         trainer = RockOPDTrainer(
             model=student, teacher_model=teacher, args=RockOPDConfig(**common, rock_policy="uniform"),
-            train_dataset=data, processing_class=tokenizer,
+            train_dataset=data, processing_class=tokenizer, rock_policy=policy,
         )
     elif trainer_name == "gkd":
         from trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -205,7 +229,7 @@ def train_steps(
             model=student, teacher_model=teacher, args=gkd_args,
             train_dataset=data, processing_class=tokenizer, data_collator=collator,
         )
-    elif trainer_name in ("distillation", "rockdistillation"):
+    elif trainer_name in ("distillation", "rockdistillation", "rockdistillation_half"):
         from trl import DistillationConfig, DistillationTrainer
 
         from hf_rockopd import RockDistillationConfig, RockDistillationTrainer
@@ -217,9 +241,10 @@ def train_steps(
             trainer_class, config = DistillationTrainer, DistillationConfig(**settings)
         else:
             trainer_class, config = RockDistillationTrainer, RockDistillationConfig(**settings, rock_policy="uniform")
+        ours = {} if trainer_name == "distillation" else {"rock_policy": policy}
         trainer = trainer_class(
             model=student, teacher_model=teacher, args=config, train_dataset=prompts_only(data),
-            processing_class=tokenizer,
+            processing_class=tokenizer, **ours,
         )  # fmt: skip
     else:
         raise ValueError(f"trainer_name must be one of {', '.join(TRAINERS)}, got {trainer_name!r}.")
@@ -231,8 +256,11 @@ def train_steps(
     trainer.train()
     after = dict(trainer.model.named_parameters())
     changed = sum(not torch.equal(before[n], after[n].detach().float()) for n in before)
+    # Our trainers log the share of completion positions with weight 0: 0 for uniform, one half for the `_half` rows.
+    frozen = [e["rock/frozen_fraction"] for e in trainer.state.log_history if "rock/frozen_fraction" in e]
     return {"steps": timer.steps, "trainable_params": sum(p.numel() for _, p in trainable),
-            "sampled_tensors_changed": f"{changed}/{len(before)}"}  # fmt: skip
+            "sampled_tensors_changed": f"{changed}/{len(before)}",
+            "frozen_fraction": statistics.mean(frozen) if frozen else None}  # fmt: skip
 
 
 def _summarize(steps: list[dict]) -> dict:
@@ -269,11 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} run failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
-        steps = json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
-        results[name] = {"steps": steps, "median": _summarize(steps)}
+        worker = json.loads(proc.stdout.strip().splitlines()[-1])
+        steps = worker["steps"]
+        results[name] = {"steps": steps, "median": _summarize(steps), "frozen_fraction": worker.get("frozen_fraction")}
         print(name, json.dumps(results[name]["median"]), flush=True)
-    # `ratios`: RockOPDTrainer / GKDTrainer (as before); `ratios_distillation`: RockDistillation / Distillation.
-    for ours_name, key in (("rockopd", "ratios"), ("rockdistillation", "ratios_distillation")):
+    # Each of ours over its TRL anchor (see RATIO_KEYS): `ratios` is RockOPDTrainer / GKDTrainer as before,
+    # `ratios_distillation` RockDistillationTrainer / DistillationTrainer, `*_half` the same with half frozen.
+    for ours_name, key in RATIO_KEYS.items():
         base = BASES[ours_name]
         if ours_name in results and base in results:
             ours, theirs = results[ours_name]["median"], results[base]["median"]
@@ -290,9 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
-    for key in ("ratios", "ratios_distillation"):
+    for ours_name, key in RATIO_KEYS.items():
         if key in results:
-            print(f"{key}:", json.dumps(results[key]))
+            ratios = results[key]
+            nan = float("nan")
+            print(f"{key} ({ours_name} / {BASES[ours_name]}): loss+backward "
+                  f"{ratios.get('loss_backward_s', nan):.3f}x, total step {ratios.get('total_s', nan):.3f}x; all:",
+                  json.dumps(ratios))  # fmt: skip
+    print("wrote", out)
     return 0
 
 

@@ -274,8 +274,8 @@ def test_gpu_benchmark_refuses_a_full_run_without_cuda(capsys):
     assert "needs a CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("trainer_name", ["distillation", "rockdistillation"])
-def test_train_step_times_the_distillation_pair(tmp_path, trainer_name):
+@pytest.mark.parametrize("trainer_name", ["distillation", "rockdistillation", "rockdistillation_half", "rockopd_half"])
+def test_train_step_times_the_distillation_pair_and_the_half_frozen_rows(tmp_path, trainer_name):
     from datasets import Dataset
 
     from benchmarks.train_step import train_steps
@@ -293,3 +293,53 @@ def test_train_step_times_the_distillation_pair(tmp_path, trainer_name):
     for step in out["steps"]:
         assert step["completion_tokens"] <= 8 and step["total_s"] >= step["generation_s"] > 0
         assert step["loss_forward_s"] > 0 and step["backward_s"] > 0
+    if trainer_name.endswith("_half"):
+        # Half of each batch's positions, rounded down (exactly 0.5 for an even count).
+        assert 0.25 <= out["frozen_fraction"] <= 0.5
+    elif trainer_name == "rockdistillation":
+        assert out["frozen_fraction"] == 0.0
+
+
+def test_half_frozen_policy_freezes_half_of_the_valid_positions_the_same_way_each_run():
+    from benchmarks.half_frozen import HalfFrozenPolicy
+    from hf_rockopd.policies import TokenBatch
+
+    mask = torch.tensor([[True] * 7 + [False] * 3, [True] * 5 + [False] * 5])
+    batch = TokenBatch(torch.zeros(2, 10, dtype=torch.long), mask, step=3)
+    weights = HalfFrozenPolicy().weights(batch)
+    assert int(((weights == 0) & mask).sum()) == 6 and (weights[~mask] == 0).all()
+    assert set(weights[mask].tolist()) == {0.0, 1.0}
+    assert torch.equal(weights, HalfFrozenPolicy().weights(batch))  # seeded by the step
+    assert not torch.equal(weights, HalfFrozenPolicy().weights(TokenBatch(batch.token_ids, mask, step=4)))
+
+
+def test_train_step_prints_and_writes_each_of_ours_over_its_anchor(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from benchmarks import train_step
+
+    totals = {"gkd": 2.0, "rockopd": 1.8, "rockopd_half": 1.2, "distillation": 2.0, "rockdistillation": 2.0,
+              "rockdistillation_half": 1.0}  # fmt: skip
+
+    def fake_worker(cmd, **kwargs):  # a worker process's last line, without training
+        name = cmd[cmd.index("--worker") + 1]
+        total = totals[name]
+        step = {"generation_s": 1.0, "loss_forward_s": total / 4, "backward_s": total / 4,
+                "loss_backward_s": total / 2, "optimizer_s": 0.1, "total_s": total, "peak_bytes": 1,
+                "completion_tokens": 8, "completion_tokens_per_s": 8 / total}  # fmt: skip
+        out = {"steps": [step, step], "frozen_fraction": 0.5 if name.endswith("_half") else 0.0}
+        return subprocess.CompletedProcess(cmd, 0, stdout=json.dumps(out) + "\n", stderr="")
+
+    monkeypatch.setattr(train_step.subprocess, "run", fake_worker)
+    path = tmp_path / "train_step.json"
+    assert train_step.main(["--steps", "2", "--out", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert result["ratios"]["total_s"] == pytest.approx(0.9)
+    assert result["ratios_half"]["loss_backward_s"] == pytest.approx(0.6)
+    assert result["ratios_distillation"]["total_s"] == pytest.approx(1.0)
+    assert result["ratios_distillation_half"]["loss_backward_s"] == pytest.approx(0.5)
+    assert result["rockdistillation_half"]["frozen_fraction"] == 0.5
+    printed = capsys.readouterr().out
+    half = "ratios_distillation_half (rockdistillation_half / distillation): loss+backward 0.500x, total step 0.500x"
+    assert half in printed
+    assert f"wrote {path}" in printed
