@@ -118,6 +118,13 @@ def test_quickstart_lora(tmp_path, monkeypatch):
     assert summary["lora_parameters"] == 2 * 16 * ((64 + 64) * 2 + (64 + 32) * 2 + (64 + 128) * 2 + (128 + 64))
     assert "adapter_model.safetensors" in summary["adapter_files"]
     assert os.path.isfile(tmp_path / "out" / "rock_tokens.json")
+    # The same run through RockDistillationTrainer (a dataset of prompts, TRL's DistillationTrainer underneath).
+    assert summary["distillation_steps"] == 4
+    losses = summary["distillation_losses"]
+    assert len(losses) == 4 and all(math.isfinite(x) and x >= 0 for x in losses)
+    assert {"rock/frozen_fraction", "rock/set_size"} <= set(summary["distillation_rock_metric_columns"])
+    assert summary["distillation_lora_parameters"] == summary["lora_parameters"]  # the same student, the same adapter
+    assert summary["distillation_rock_tokens_written"]
 
 
 def test_rock_token_analysis(tmp_path, monkeypatch):
