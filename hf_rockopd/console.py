@@ -87,8 +87,9 @@ def quiet_library_imports() -> Iterator[None]:
 
 @contextmanager
 def quiet_training() -> Iterator[None]:
-    """While `trainer.train()` runs: no deprecation notices about calls TRL makes inside its own code
-    (`is_gradient_checkpointing`, `generation_config` passed with generation arguments). Other warnings show.
+    """While our trainers are built and `trainer.train()` runs: no deprecation notices about calls TRL and peft make
+    inside their own code (`is_gradient_checkpointing`, read by peft's `PeftModel` and by TRL; `generation_config`
+    passed with generation arguments). Other warnings show.
 
     Example:
     ```python

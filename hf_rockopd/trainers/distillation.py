@@ -17,6 +17,7 @@ from transformers.utils import logging
 from trl import DistillationTrainer
 from trl.import_utils import is_vllm_available
 
+from ..console import quiet_training
 from ..engine import LossPlan, Projection, RockTokenEngine, build_policy, check_supported_setup
 from ..engine.weighting import project_rows
 from ..models import unpack_cpu_4bit_weights
@@ -171,19 +172,21 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
         check_prompt_columns(train_dataset, eval_dataset)
         # Built before any model loads, so a bad name or option fails in seconds.
         policy = build_policy(rock_policy, args)
-        super().__init__(
-            model=model,
-            teacher_model=teacher_model,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
-            tools=tools,
-        )
+        # quiet_training: peft's PeftModel reads transformers' renamed `is_gradient_checkpointing` while it wraps.
+        with quiet_training():
+            super().__init__(
+                model=model,
+                teacher_model=teacher_model,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                quantization_config=quantization_config,
+                peft_config=peft_config,
+                tools=tools,
+            )
         self.rock_engine = RockTokenEngine(
             args,
             policy,

@@ -15,6 +15,7 @@ from transformers.utils import logging
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 
+from ..console import quiet_training
 from ..engine import RockTokenEngine, build_policy, check_supported_setup
 from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
 from ..models import unpack_cpu_4bit_weights
@@ -149,7 +150,8 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
             teacher_model = AutoModelForCausalLM.from_pretrained(teacher_model, **init_kwargs)
         saved_teacher_kwargs, args.teacher_model_init_kwargs = args.teacher_model_init_kwargs, None
 
-        with _without_gkd_migration_warning():
+        # quiet_training: peft's PeftModel reads transformers' renamed `is_gradient_checkpointing` while it wraps.
+        with _without_gkd_migration_warning(), quiet_training():
             super().__init__(
                 model=model,
                 teacher_model=teacher_model,
