@@ -45,10 +45,12 @@ Problem = tuple[list[dict[str, str]], float]
 # output ("1 234"); a group is exactly three digits, so "3 4" stays two numbers and "1,23" is not 123.
 _SPACE = "[ \u00a0\u2009\u202f]"
 _INTEGER = rf"(?:\d{{1,3}}(?:,\d{{3}})+(?!\d)|\d{{1,3}}(?:{_SPACE}\d{{3}})+(?!\d)|\d+)"
-# A minus sign counts only where it cannot be a subtraction or a hyphen ("5-3", "x-2"): not after a word character.
-_MINUS = r"(?<![\w.)\]])[-\u2212]"
+# A minus sign counts only where it cannot be a subtraction or a hyphen ("5-3", "x-2", "50 - 15", "(3) - 2"): not
+# right after a word character, and not after an operand and a space ("is -4" stays negative). A cut-off answer ending
+# in "50 - 15" was read as -15.
+_MINUS = r"(?<![\w.)\]])(?<![\d.)\]]\s)[-\u2212]"
 _NUMBER = re.compile(
-    rf"(?P<sign>{_MINUS}\s?)?(?:[$€£¥]\s?)?(?P<sign2>[-\u2212])?(?P<int>{_INTEGER})?(?P<frac>\.\d+)?"
+    rf"(?P<sign>{_MINUS}\s?)?(?:[$€£¥]\s?(?P<sign2>[-\u2212])?)?(?P<int>{_INTEGER})?(?P<frac>\.\d+)?"
 )
 _ANSWER_PHRASE = re.compile(r"(?:final\s+)?answer\s*(?:is|=|:|would\s+be|will\s+be)", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\s*\{")

@@ -46,6 +46,13 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "tra
         ("He lost -$5 on it", -5.0),
         ("10-3=7", 7.0),
         ("He had 5 apples. 5 - 2 = 3 left", 3.0),
+        # A cut-off answer ending in a subtraction is not a negative number, nor is a hyphenated or spaced one.
+        ("we subtract: 50 - 15", 15.0),
+        ("5-3", 3.0),
+        ("(3) - 2", 2.0),
+        ("so 12 \u2212 7", 7.0),
+        ("The answer is -4 degrees", -4.0),
+        ("a loss of $-5", -5.0),
         ("The city has 1 000 000 people", 1_000_000.0),
         ("In total 2\u202f500 kg", 2500.0),
         ("That is 3.75 hours", 3.75),
