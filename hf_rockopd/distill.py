@@ -354,7 +354,8 @@ def _load_models(
         )
     model = prune_decoder_layers(base, keep) if pruned else base
     info = {
-        "name": f"{base_name.split('/')[-1]}-{len(keep)}L" if pruned else base_name,
+        # The distilled model's own name: the card's title must not claim to be the base model it was trained from.
+        "name": f"{base_name.split('/')[-1]}-{len(keep)}L" if pruned else f"{base_name.split('/')[-1]}-rockopd",
         "base_model": base_name,
         "kept_layers": keep if pruned else None,
         "num_layers": len(keep),

@@ -97,7 +97,8 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run, capsys):
     assert report["student"]["kept_layers"] == [0, 3] and report["student"]["num_layers"] == 2
     assert report["student"]["adapter"] is False
     assert report["dataset"] == {
-        "name": script().dataset, "hub_id": None, "config": "main", "split": "train", "num_train": 8, "num_eval": 4
+        "name": script().dataset, "hub_id": None, "config": "main", "split": "train", "num_train": 8, "num_eval": 4,
+        "system_prompt": None,
     }
     assert report["distill_args"]["num_train_prompts"] == 8 and report["hub_model_id"] is None
     # The saved config is for a user of the student: KV cache on, no GGUF display name.
