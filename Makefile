@@ -1,6 +1,6 @@
 # Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job, `make distill`
-# the main job itself (the embedded SmolLM2 default), `make distill-qwen` the Qwen2.5-Coder 1.5B -> 0.5B pair,
-# `make ablate-qwen` the paper's policy ablation on that pair.
+# the main job itself (Qwen2.5-Coder 1.5B -> 0.5B, offline; `make distill-qwen` is the same), `make distill-smollm2`
+# the fast SmolLM2 pipeline check (its pruned student loops), `make ablate-qwen` the paper's policy ablation.
 # Each creates .venv and installs what it needs. On the CPU development machines `torch==2.13.0` is a CPU wheel already
 # on disk; on a GPU machine install your CUDA build of torch first (TORCH="torch==2.x" or TORCH="").
 PYTHON ?= python3
@@ -13,7 +13,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill distill-qwen ablate-qwen install install-qwen clean
+.PHONY: test demo distill distill-qwen distill-smollm2 ablate-qwen install install-qwen clean
 
 install: $(STAMP)
 
@@ -43,13 +43,17 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/tiny_smoke.py --output-dir outputs/tiny_smoke
 
-# The embedded default: SmolLM2-135M-Instruct -> 24-layer copy on GSM8K, offline (see README, "The main job").
-distill: $(STAMP)
-	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_smollm2.yaml
-
-# The competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> Qwen2.5-Coder-0.5B-Instruct on GSM8K.
-distill-qwen: $(QWEN_STAMP)
+# The main job on the competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> 0.5B-Instruct on GSM8K, LoRA, about
+# 20 minutes on 2 CPU cores (see README, "The main job").
+distill: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
+
+distill-qwen: distill
+
+# A fast check that the pipeline runs (SmolLM2-135M-Instruct -> a 24-layer copy, 10-18 minutes): not a result, its
+# pruned student loops before and after training (examples/reports/smollm2_loops/).
+distill-smollm2: $(STAMP)
+	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_smollm2.yaml
 
 # The paper's ablation on that pair (4 policies x 3 seeds, LoRA, small budget): resumable, rerun to continue.
 ablate-qwen: $(QWEN_STAMP)
