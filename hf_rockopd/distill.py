@@ -27,7 +27,7 @@ from trl import ModelConfig, get_peft_config, get_quantization_config
 
 from .commands.parsing import check_at_least, check_range
 from .console import PhaseLog, quiet_training
-from .gsm8k import load_gsm8k_problems, question_messages
+from .gsm8k import check_system_prompt, load_gsm8k_problems, question_messages
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,
@@ -149,7 +149,7 @@ class DistillArguments:
             raise ValueError(
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
-        question_messages("", self.system_prompt)
+        check_system_prompt(self.system_prompt)
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
         if self.student_layers is not None and len(self.student_layers) == 0:
@@ -287,7 +287,7 @@ def load_gsm8k_split(
     train[0]["messages"][0]["role"]  # 'user'
     ```
     """
-    question_messages("", system_prompt)  # a bad system prompt fails before the dataset is read
+    check_system_prompt(system_prompt)  # before the dataset is read
     if os.path.exists(dataset) or dataset.endswith((".jsonl", ".json")):
         if not os.path.isfile(dataset):
             raise FileNotFoundError(f"Dataset file {dataset!r} does not exist. Pass a JSONL file or a Hub dataset id.")

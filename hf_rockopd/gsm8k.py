@@ -26,6 +26,7 @@ __all__ = [
     "ANSWER_REL_TOL",
     "GSM8K_HUB_ID",
     "Problem",
+    "check_system_prompt",
     "extract_numeric_answer",
     "is_correct",
     "load_gsm8k_problems",
@@ -236,6 +237,27 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
     return [row for _, row in numbered]
 
 
+def check_system_prompt(system_prompt: str | None) -> None:
+    """Raise `ValueError` unless `system_prompt` is None or a non-empty string; every job checks it before it reads
+    a file or loads a model.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.gsm8k import check_system_prompt
+    >>> check_system_prompt("Answer briefly.")
+    >>> check_system_prompt(" ")
+    Traceback (most recent call last):
+    ...
+    ValueError: system_prompt must be a non-empty string or None, got ' '. Leave it unset to use the chat template's own default system turn.
+    ```
+    """
+    if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
+        raise ValueError(
+            f"system_prompt must be a non-empty string or None, got {system_prompt!r}. Leave it unset to use the "
+            "chat template's own default system turn."
+        )
+
+
 def question_messages(question: str, system_prompt: str | None = None) -> list[dict[str, str]]:
     """The chat a question is asked as: a user turn, after a system turn when `system_prompt` is given.
 
@@ -249,11 +271,7 @@ def question_messages(question: str, system_prompt: str | None = None) -> list[d
     [{'role': 'system', 'content': 'Answer briefly.'}, {'role': 'user', 'content': '1 + 1?'}]
     ```
     """
-    if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
-        raise ValueError(
-            f"system_prompt must be a non-empty string or None, got {system_prompt!r}. Leave it unset to use the "
-            "chat template's own default system turn."
-        )
+    check_system_prompt(system_prompt)
     user = {"role": "user", "content": str(question)}
     return [{"role": "system", "content": system_prompt}, user] if system_prompt else [user]
 
@@ -295,7 +313,7 @@ def load_gsm8k_problems(
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (or None for all problems), got {limit}.")
-    question_messages("", system_prompt)  # a bad system prompt fails before any file is read
+    check_system_prompt(system_prompt)  # before any file is read
     rows: list[dict[str, Any]] | None = None
     if isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)

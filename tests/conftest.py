@@ -50,13 +50,18 @@ def teacher(tokenizer):
     return build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3)
 
 
+def qa(i: int) -> tuple[str, str]:
+    """Question and answer of row `i` of every test dataset (both trainers' datasets are built from it)."""
+    return f"What is {i} + {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}. The answer is {2 * i + 1}."
+
+
 def make_dataset(n: int = 16) -> Dataset:
     return Dataset.from_list(
         [
             {
                 "messages": [
-                    {"role": "user", "content": f"What is {i} + {i + 1}?"},
-                    {"role": "assistant", "content": f"{i} + {i + 1} = {2 * i + 1}. The answer is {2 * i + 1}."},
+                    {"role": "user", "content": qa(i)[0]},
+                    {"role": "assistant", "content": qa(i)[1]},
                 ]
             }
             for i in range(n)
@@ -69,20 +74,23 @@ def dataset():
     return make_dataset()
 
 
+# The tests' training settings, shared by both trainers' configs (the completion length is named per config).
+TRAIN_SETTINGS = dict(
+    per_device_train_batch_size=4,
+    max_steps=2,
+    learning_rate=1e-2,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    rock_policy="uniform",
+    seed=0,
+    disable_tqdm=True,
+)
+COMPLETION_TOKENS = 12
+
+
 def make_args(output_dir, **overrides) -> RockOPDConfig:
-    defaults = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        max_steps=2,
-        max_new_tokens=12,
-        learning_rate=1e-2,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        rock_policy="uniform",
-        seed=0,
-        disable_tqdm=True,
-    )
+    defaults = dict(output_dir=str(output_dir), max_new_tokens=COMPLETION_TOKENS, **TRAIN_SETTINGS)
     defaults.update(overrides)
     return RockOPDConfig(**defaults)
 

@@ -10,10 +10,10 @@ import re
 
 import pytest
 import torch
-from conftest import make_args, make_dataset
+from trainer_kinds import KINDS
 from trl.experimental.gkd import GKDTrainer
 
-from hf_rockopd import RockOPDConfig, RockOPDTrainer
+from hf_rockopd import RockOPDConfig
 from hf_rockopd.engine import POLICY_STATE_NAME
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
@@ -21,15 +21,7 @@ from hf_rockopd.policies import TokenPolicy
 from hf_rockopd.rock_set import ROCK_TOKENS_NAME
 
 
-def make_trainer(student, teacher, args, tokenizer, dataset=None, **kwargs):
-    return RockOPDTrainer(
-        model=student,
-        teacher_model=teacher,
-        args=args,
-        train_dataset=dataset if dataset is not None else make_dataset(),
-        processing_class=tokenizer,
-        **kwargs,
-    )
+make_trainer = KINDS["gkd"].make  # RockOPDTrainer on the tests' messages dataset
 
 
 def dataset_batch(trainer, n=4):
@@ -160,11 +152,12 @@ def test_tokens_normalization_keeps_the_learning_rate_of_unfrozen_tokens(kind, s
     assert losses["weights"] == pytest.approx(((div * keep).sum() / keep.sum()).item(), rel=1e-5)
 
 
-def test_gradient_accumulation_is_exact(student, teacher, tokenizer, tmp_path):
-    """One optimizer step over 4 sequences: batch 4 x 1 and batch 2 x 2 accumulation give the same update."""
+def test_gradient_accumulation_is_exact(kind, student, teacher, tokenizer, tmp_path):
+    """One optimizer step over 4 sequences: batch 4 x 1 and batch 2 x 2 accumulation give the same update (for
+    `DistillationTrainer`, `num_items_in_batch` is counted over the whole generation batch)."""
     results = []
     for bs, ga in ((4, 1), (2, 2)):
-        args = make_args(
+        args = kind.args(
             tmp_path / f"ga{ga}",
             per_device_train_batch_size=bs,
             gradient_accumulation_steps=ga,
@@ -175,7 +168,7 @@ def test_gradient_accumulation_is_exact(student, teacher, tokenizer, tmp_path):
             lr_scheduler_type="constant",
             max_grad_norm=0.0,
         )
-        trainer = make_trainer(copy.deepcopy(student), teacher, args, tokenizer)
+        trainer = kind.make(copy.deepcopy(student), teacher, args, tokenizer)
         trainer.train()
         results.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
     changed = 0

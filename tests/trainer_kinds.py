@@ -12,17 +12,30 @@ the reference computations of the tests read.
 from __future__ import annotations
 
 import torch
-from conftest import make_args, make_dataset
+from conftest import COMPLETION_TOKENS, TRAIN_SETTINGS, make_args, make_dataset, qa
 from datasets import Dataset
 
 from hf_rockopd import RockDistillationConfig, RockDistillationTrainer, RockOPDTrainer
 
 
-def qa(i: int) -> tuple[str, str]:
-    return f"What is {i} + {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}. The answer is {2 * i + 1}."
+class _Kind:
+    trainer_class: type
+
+    def dataset(self, n: int = 16) -> Dataset:
+        raise NotImplementedError
+
+    def make(self, student, teacher, args, tokenizer, dataset=None, **kwargs):
+        return self.trainer_class(
+            model=student,
+            teacher_model=teacher,
+            args=args,
+            train_dataset=dataset if dataset is not None else self.dataset(),
+            processing_class=tokenizer,
+            **kwargs,
+        )
 
 
-class GKDKind:
+class GKDKind(_Kind):
     name = "gkd"
     trainer_class = RockOPDTrainer
 
@@ -31,16 +44,6 @@ class GKDKind:
 
     def dataset(self, n: int = 16) -> Dataset:
         return make_dataset(n)
-
-    def make(self, student, teacher, args, tokenizer, dataset=None, **kwargs):
-        return RockOPDTrainer(
-            model=student,
-            teacher_model=teacher,
-            args=args,
-            train_dataset=dataset if dataset is not None else self.dataset(),
-            processing_class=tokenizer,
-            **kwargs,
-        )
 
     def batch(self, trainer, n: int = 4) -> dict:
         inputs = trainer.data_collator([trainer.train_dataset[i] for i in range(n)])
@@ -53,7 +56,7 @@ class GKDKind:
         return {**inputs, "labels": torch.full_like(inputs["labels"], -100)}
 
 
-class DistillationKind:
+class DistillationKind(_Kind):
     name = "distillation"
     trainer_class = RockDistillationTrainer
 
@@ -63,34 +66,12 @@ class DistillationKind:
         overrides.pop("lmbda", None)
         if "max_new_tokens" in overrides:
             overrides["max_completion_length"] = overrides.pop("max_new_tokens")
-        defaults = dict(
-            output_dir=str(output_dir),
-            per_device_train_batch_size=4,
-            max_steps=2,
-            max_completion_length=12,
-            learning_rate=1e-2,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            rock_policy="uniform",
-            seed=0,
-            disable_tqdm=True,
-        )
+        defaults = dict(output_dir=str(output_dir), max_completion_length=COMPLETION_TOKENS, **TRAIN_SETTINGS)
         defaults.update(overrides)
         return RockDistillationConfig(**defaults)
 
     def dataset(self, n: int = 16) -> Dataset:
         return Dataset.from_list([{"prompt": [{"role": "user", "content": qa(i)[0]}]} for i in range(n)])
-
-    def make(self, student, teacher, args, tokenizer, dataset=None, **kwargs):
-        return RockDistillationTrainer(
-            model=student,
-            teacher_model=teacher,
-            args=args,
-            train_dataset=dataset if dataset is not None else self.dataset(),
-            processing_class=tokenizer,
-            **kwargs,
-        )
 
     def batch(self, trainer, n: int = 4, tool_mask: bool = False) -> dict:
         return distillation_batch(trainer.processing_class, range(n), tool_mask=tool_mask)

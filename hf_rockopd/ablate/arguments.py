@@ -15,7 +15,7 @@ from typing import Any
 from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
-from ..gsm8k import question_messages
+from ..gsm8k import check_system_prompt
 from ..models import SMOLLM2_ID
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
@@ -141,7 +141,7 @@ class AblateArguments:
         for name in ("student_num_layers", "rock_max_new_tokens"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
-        question_messages("", self.system_prompt)
+        check_system_prompt(self.system_prompt)
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}.")
         if not math.isfinite(self.soft_weight) or not 0.0 < self.soft_weight < 1.0:

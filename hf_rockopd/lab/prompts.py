@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..gsm8k import load_gsm8k_problems, question_messages, read_jsonl
+from ..gsm8k import check_system_prompt, load_gsm8k_problems, question_messages, read_jsonl
 
 
 __all__ = ["load_problems", "load_prompts"]
@@ -45,7 +45,7 @@ def load_prompts(
     [[{'role': 'user', 'content': '1 + 1?'}]]
     ```
     """
-    question_messages("", system_prompt)  # a bad system prompt fails before the file is read
+    check_system_prompt(system_prompt)  # before the file is read
     fields = [field_name] if field_name else ["messages", "prompt", "question"]
     prompts: list[Any] = []
     for line_no, row in read_jsonl(path, limit):

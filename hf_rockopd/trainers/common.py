@@ -19,7 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import ModelOutput, logging
 
 from ..console import quiet_training
-from ..engine import LossPlan
+from ..engine import LossPlan, RockTokenEngine
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
 from ..publishing.run_report import CARD_NAME
@@ -196,6 +196,19 @@ class RockTrainerMixin:
     """
 
     rock_engine: Any
+
+    def _attach_rock_engine(self, args: Any, policy: TokenPolicy, student_eos: Any) -> None:
+        """Build `self.rock_engine` once TRL's `__init__` has prepared the models: on the unwrapped student, the
+        prepared teacher and the trainer's tokenizer; `student_eos` is where each trainer keeps its stop ids."""
+        self.rock_engine = RockTokenEngine(
+            args,
+            policy,
+            student=self.accelerator.unwrap_model(self.model),
+            teacher=self.teacher_model,
+            accelerator=self.accelerator,
+            tokenizer=self.processing_class,
+            student_eos=student_eos,
+        )
 
     @property
     def rock_policy(self) -> TokenPolicy:

@@ -18,7 +18,7 @@ from trl import DistillationTrainer
 from trl.import_utils import is_vllm_available
 
 from ..console import quiet_training
-from ..engine import LossPlan, Projection, RockTokenEngine, build_policy, check_supported_setup
+from ..engine import LossPlan, Projection, build_policy, check_supported_setup
 from ..engine.weighting import project_rows
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
@@ -187,15 +187,7 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 peft_config=peft_config,
                 tools=tools,
             )
-        self.rock_engine = RockTokenEngine(
-            args,
-            policy,
-            student=self.accelerator.unwrap_model(self.model),
-            teacher=self.teacher_model,
-            accelerator=self.accelerator,
-            tokenizer=self.processing_class,
-            student_eos=self.eos_token_ids,
-        )
+        self._attach_rock_engine(args, policy, student_eos=self.eos_token_ids)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.rock_engine.micro_step += 1

@@ -16,7 +16,7 @@ from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 
 from ..console import quiet_training
-from ..engine import RockTokenEngine, build_policy, check_supported_setup
+from ..engine import build_policy, check_supported_setup
 from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
@@ -177,15 +177,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
 
-        self.rock_engine = RockTokenEngine(
-            args,
-            policy,
-            student=self.accelerator.unwrap_model(self.model),
-            teacher=self.teacher_model,
-            accelerator=self.accelerator,
-            tokenizer=self.processing_class,
-            student_eos=self.generation_config.eos_token_id,
-        )
+        self._attach_rock_engine(args, policy, student_eos=self.generation_config.eos_token_id)
         self._accumulation_batches: list[dict[str, Any]] = []
         self._accumulation_num_items: torch.Tensor | None = None
 
