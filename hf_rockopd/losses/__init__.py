@@ -7,6 +7,8 @@ A pure package: it imports nothing else of `hf_rockopd`, so any trainer base can
 - [`closed_form`](./closed_form.py): one chunk's divergence, entropies and logit gradient in closed form, compiled
   on CUDA (`compile=` per call, or `HF_ROCKOPD_COMPILE_LOSS=0` to keep the eager formulas).
 - [`fused`](./fused.py): the chunked loss over hidden states and output heads, with the gradient fused in.
+- [`sparse`](./sparse.py): the divergence against a teacher known by its top-k log-probabilities only (a served or
+  cached teacher), over the listed ids plus a tail bin; the chunked loss takes it with `teacher_head=None`.
 
 Example:
 ```python
@@ -24,6 +26,7 @@ True
 from .closed_form import ChunkedDivergence, logit_grad_norm
 from .fused import chunked_divergence, chunked_weighted_loss, weighted_loss
 from .reference import per_token_divergence, per_token_entropy
+from .sparse import pack_topk, sparse_divergence, topk_log_probs, unpack_topk
 
 
 __all__ = [
@@ -31,7 +34,11 @@ __all__ = [
     "chunked_divergence",
     "chunked_weighted_loss",
     "logit_grad_norm",
+    "pack_topk",
     "per_token_divergence",
     "per_token_entropy",
+    "sparse_divergence",
+    "topk_log_probs",
+    "unpack_topk",
     "weighted_loss",
 ]

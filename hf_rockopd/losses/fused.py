@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from .closed_form import ChunkedDivergence, _chunk_terms, _chunk_terms_masked, _ChunkTerms, _compile_requested
 from .reference import _validate_beta, _validate_temperature
+from .sparse import sparse_chunk_terms
 
 
 __all__ = ["chunked_divergence", "chunked_weighted_loss", "weighted_loss"]
@@ -51,7 +52,7 @@ def _trainable_leaves(head: Callable[[torch.Tensor], torch.Tensor], probe: torch
 @dataclass(frozen=True)
 class _Heads:
     student: Callable[[torch.Tensor], torch.Tensor]
-    teacher: Callable[[torch.Tensor], torch.Tensor]
+    teacher: Callable[[torch.Tensor], torch.Tensor] | None  # None: `teacher_hidden` holds packed top-k targets
     beta: float
     temperature: float
     chunk_size: int
@@ -168,6 +169,11 @@ def _project_chunk(heads: _Heads, h_s: torch.Tensor, h_t: torch.Tensor, track: b
     without, both logits are only inputs to the terms, which overwrite them (and `None` is returned for them)."""
     with torch.enable_grad() if track else torch.no_grad():
         z_s = heads.student(h_s) if track else _logits(heads.student, h_s)
+    if heads.teacher is None:
+        # A top-k teacher: `h_t` holds its packed ids and log-probabilities (see `sparse.pack_topk`), no head to run.
+        with torch.no_grad():
+            terms = _ChunkTerms(*sparse_chunk_terms(z_s.detach(), h_t, heads.beta, heads.temperature))
+        return (z_s if track else None), terms
     with torch.no_grad():
         z_t = _logits(heads.teacher, h_t)
         # The student's logits are overwritten only when no graph needs them (a head may save its output).
@@ -300,7 +306,7 @@ def chunked_divergence(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
     student_head: Callable[[torch.Tensor], torch.Tensor],
-    teacher_head: Callable[[torch.Tensor], torch.Tensor],
+    teacher_head: Callable[[torch.Tensor], torch.Tensor] | None,
     beta: float,
     temperature: float = 1.0,
     chunk_size: int = 512,
@@ -318,7 +324,10 @@ def chunked_divergence(
     Args:
         student_hidden (`torch.Tensor`): `(N, H_s)` student last hidden states of the rows to score.
         teacher_hidden (`torch.Tensor`): `(N, H_t)` teacher last hidden states of the same rows.
-        student_head, teacher_head (`Callable`): map `(n, H)` hidden states to `(n, V)` logits.
+        student_head, teacher_head (`Callable`): map `(n, H)` hidden states to `(n, V)` logits. `teacher_head=None`:
+            the teacher is known by its top-k only, and `teacher_hidden` is its `(N, 2, k)` packed ids and
+            log-probabilities (`hf_rockopd.losses.sparse.pack_topk`); the divergence is then the tail-bin one of
+            [`~hf_rockopd.losses.sparse.sparse_divergence`].
         beta (`float`): see [`per_token_divergence`].
         temperature (`float`, *optional*, defaults to `1.0`): divergence temperature.
         chunk_size (`int`, *optional*, defaults to `512`): rows projected at once.
@@ -355,7 +364,7 @@ def chunked_weighted_loss(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
     student_head: Callable[[torch.Tensor], torch.Tensor],
-    teacher_head: Callable[[torch.Tensor], torch.Tensor],
+    teacher_head: Callable[[torch.Tensor], torch.Tensor] | None,
     weights: torch.Tensor,
     normalizer: torch.Tensor | float,
     beta: float,
