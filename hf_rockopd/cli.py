@@ -15,6 +15,7 @@ hf-rockopd eval --model S --teacher T --problems gsm8k.jsonl --limit 32 --tail -
 hf-rockopd analyze report tables/early --rock_set rock_set.json --knockout knockout.csv --out report/
 hf-rockopd card runs/smollm2-rockopd --model_id me/smollm2-rockopd
 hf-rockopd distill --config examples/configs/distill_smollm2.yaml
+hf-rockopd serve-teacher --model T --port 8000 --max_top_k 64
 hf-rockopd ablate --teacher T --student S --dataset gsm8k.jsonl --policies uniform rock_freeze --seeds 0 1 2 --output_dir runs/ablate
 ```
 
@@ -32,7 +33,14 @@ from .commands.parsing import Command
 
 # First word of a subcommand -> its module in hf_rockopd.commands. Imported on use, so that `analyze score` does not
 # import the trainer's configuration (trl.experimental) that `distill` needs.
-MODULES = {"analyze": "lab", "eval": "evaluate", "card": "card", "distill": "distill", "ablate": "ablate"}
+MODULES = {
+    "analyze": "lab",
+    "eval": "evaluate",
+    "card": "card",
+    "distill": "distill",
+    "ablate": "ablate",
+    "serve-teacher": "serve",
+}
 
 
 def commands(first_word: str | None = None) -> dict[str, Command]:

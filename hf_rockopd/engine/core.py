@@ -29,9 +29,10 @@ from transformers.utils import logging
 from trl.models.utils import _ForwardRedirection
 
 from ..losses import weighted_loss
-from ..modeling import backbone, check_same_vocabulary
+from ..modeling import backbone, check_same_vocabulary, vocab_size
 from ..policies import TokenBatch, TokenPolicy, get_policy
 from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
+from ..teachers import TopKTeacher
 from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums
 from .sharding import check_fsdp_setup, fsdp_requested, gathered_heads
 from .state import load_policy_state, save_policy_state
@@ -168,7 +169,9 @@ class RockTokenEngine:
         policy: the token policy (see [`build_policy`]); `setup` is called here with the shared vocabulary size.
         student: the student, unwrapped (PEFT wrappers are fine); only checked here, each loss call gets the model.
         teacher: the teacher as the trainer holds it (possibly wrapped by accelerate); its backbone runs through
-            its wrapper's forward.
+            its wrapper's forward. Or a [`~hf_rockopd.teachers.TopKTeacher`] (a served teacher, an in-process one
+            truncated to its top-k): its targets are asked for each batch and the loss is the tail-bin divergence
+            (`hf_rockopd.losses.sparse`).
         accelerator: the trainer's `Accelerator`, for unwrapping and for sums over processes; `None` is one process.
         tokenizer: decodes rock tokens and checks rock-set files (a processor's `tokenizer` is used).
         student_eos: the stop id(s) of the student's generation config, checked against the teacher's.
@@ -211,13 +214,19 @@ class RockTokenEngine:
         # Micro-batches trained so far; seeds the probe draw (with the step and rank). The trainer advances it.
         self.micro_step = 0
         self._redirect = _ForwardRedirection()
-        unwrapped_teacher = self._unwrap(teacher)
-        self.vocab_size = check_same_vocabulary(student, unwrapped_teacher)
+        # A top-k teacher is asked for targets; a model teacher's hidden states are projected through its head.
+        self.topk_teacher = teacher if isinstance(teacher, TopKTeacher) else None
+        if self.topk_teacher is not None:
+            self.vocab_size = vocab_size(student)
+            self.topk_teacher.check_vocabulary(self.vocab_size, self.tokenizer)
+        else:
+            unwrapped_teacher = self._unwrap(teacher)
+            self.vocab_size = check_same_vocabulary(student, unwrapped_teacher)
         self.policy.setup(self.vocab_size)
         for source in (getattr(policy, "source", None), getattr(policy, "rock_source", None)):
             if source is not None and self.tokenizer is not None:
                 check_rock_set_tokenizer(source, self.tokenizer.decode)
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self.topk_teacher is None:
             warn_on_eos_mismatch(student_eos, unwrapped_teacher, self.tokenizer)
         self.has_4bit_layers = any(type(m).__name__ == "Linear4bit" for m in student.modules())
         if self.has_4bit_layers and accelerator is not None and getattr(accelerator, "is_fsdp2", False):
@@ -292,6 +301,12 @@ class RockTokenEngine:
         [`compute_loss`] does) so DDP sees the computation."""
         model_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "use_cache": False}
         student_hidden = self._last_hidden_state(student, **model_inputs)[:, :-1]
+        if self.topk_teacher is not None:
+            # Loss position t predicts token t + 1: the targets of tokens 1.. (row i of `targets` is token i's).
+            needed = torch.zeros_like(inputs["attention_mask"], dtype=torch.bool)
+            needed[:, 1:] = plan.grad_rows | plan.probe_rows
+            targets = self.topk_targets(inputs["input_ids"], inputs["attention_mask"], needed, plan.batch.step)
+            return self.project_topk(student, student_hidden, targets[:, 1:], plan)
         self.teacher.eval()
         teacher = self._unwrap(self.teacher)
         with torch.no_grad():
@@ -310,6 +325,30 @@ class RockTokenEngine:
                 temperature=self.args.loss_temperature,
                 chunk_size=self.args.loss_chunk_size,
                 heads=heads,
+            )
+
+    def topk_targets(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, needed: torch.Tensor, step: int
+    ) -> torch.Tensor:
+        """The top-k teacher's packed targets of a batch (row `i`: token `i`), for the `needed` positions."""
+        return self.topk_teacher.targets(input_ids, attention_mask, step=step, needed=needed)
+
+    def project_topk(
+        self, student: nn.Module, student_hidden: torch.Tensor, targets: torch.Tensor, plan: LossPlan
+    ) -> Projection:
+        """The student's head on the plan's rows against a top-k teacher's packed `targets` (aligned with the plan's
+        `(B, T)` masks): the tail-bin divergence, no teacher head."""
+        with gathered_heads(student, None, student_hidden.dtype) as (student_head, _):
+            return project_rows(
+                plan,
+                student_hidden,
+                targets.to(student_hidden.device),
+                student,
+                None,
+                beta=self.args.beta,
+                temperature=self.args.loss_temperature,
+                chunk_size=self.args.loss_chunk_size,
+                heads=(student_head, None),
             )
 
     def finish(self, plan: LossPlan, projection: Projection, metrics: MutableMapping[str, list] | None) -> torch.Tensor:
@@ -418,4 +457,17 @@ class RockTokenEngine:
             policy=self.policy.name,
             policy_kwargs=json.loads(json.dumps(self.args.rock_policy_kwargs or {}, default=str)),
             step=step,
+            teacher=self.teacher_description,
         )
+
+    @property
+    def teacher_description(self) -> dict[str, Any]:
+        """What the divergences (and so the rock statistics) were measured against: the full vocabulary of an
+        in-process teacher, or a top-k teacher's k and source (the divergence is then its tail-bin lower bound)."""
+        if self.topk_teacher is None:
+            return {"source": "in-process", "top_k": None, "divergence": "full vocabulary"}
+        return {
+            "source": self.topk_teacher.source,
+            "top_k": self.topk_teacher.top_k,
+            "divergence": "top-k + tail bin (a lower bound of the full-vocabulary divergence)",
+        }

@@ -281,7 +281,7 @@ def _bare_head(head: nn.Module, dtype: torch.dtype | None) -> nn.Linear:
 @contextmanager
 def gathered_heads(
     student: nn.Module,
-    teacher: nn.Module,
+    teacher: nn.Module | None,
     student_dtype: torch.dtype | None = None,
     teacher_dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]:
@@ -305,7 +305,9 @@ def gathered_heads(
     """
     fns = []
     for model, dtype in ((student, student_dtype), (teacher, teacher_dtype)):
-        if is_fsdp2(model):
+        if model is None:  # a teacher known by its top-k has no head
+            fns.append(None)
+        elif is_fsdp2(model):
             fns.append(logits_fn(model, head=_bare_head(model.get_output_embeddings(), dtype)))
         else:
             fns.append(logits_fn(model))

@@ -138,7 +138,7 @@ def project_rows(
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
     student: nn.Module,
-    teacher: nn.Module,
+    teacher: nn.Module | None,
     *,
     beta: float,
     temperature: float,
@@ -151,12 +151,15 @@ def project_rows(
     `plan.row_weights` (weights decided before the divergence) the weighted loss and its gradient are fused per chunk
     (`chunked_weighted_loss`, 4 matrix products per chunk); otherwise the per-row divergences stay differentiable for
     weights decided from them (`chunked_divergence`). `heads` replaces `(logits_fn(student), logits_fn(teacher))`
-    (the engine passes gathered heads under FSDP2, see `hf_rockopd.engine.sharding`).
+    (the engine passes gathered heads under FSDP2, see `hf_rockopd.engine.sharding`). A `None` teacher head means
+    `teacher_hidden` holds a top-k teacher's packed targets (`hf_rockopd.losses.sparse.pack_topk`), `(B, T, 2, W)`.
 
     Example: `RockTokenEngine.project_causal_lm` calls it after running both backbones.
     """
     grad_rows, probe_rows = plan.grad_rows, plan.probe_rows
-    student_logits, teacher_logits = heads if heads is not None else (logits_fn(student), logits_fn(teacher))
+    if heads is None:
+        heads = (logits_fn(student), logits_fn(teacher) if teacher is not None else None)
+    student_logits, teacher_logits = heads
     common = {"beta": beta, "temperature": temperature, "chunk_size": chunk_size}
     loss = None
     if plan.row_weights is None:

@@ -213,24 +213,33 @@ def run_report_from_trainer(trainer: Any, model_name: str, dataset_name: str | N
     args = trainer.args
     engine = trainer.rock_engine
     student = trainer.accelerator.unwrap_model(trainer.model)
-    teacher = trainer.accelerator.unwrap_model(trainer.teacher_model)
+    served = engine.topk_teacher is not None and trainer.teacher_model is None
+    teacher = None if served else trainer.accelerator.unwrap_model(trainer.teacher_model)
     adapter = is_peft_model(student)
     base = student.get_base_model() if adapter else student
     base_name = _config_name(base)
     if adapter:
         peft_config = student.peft_config.get(getattr(student, "active_adapter", "default"))
         base_name = getattr(peft_config, "base_model_name_or_path", None) or base_name
-    teacher_name = _config_name(teacher)
+    if served:
+        # The served model's own name, as its /v1/models lists it (a Hub id when served by one).
+        teacher_name = engine.topk_teacher.client.model
+        teacher_entry = {"name": teacher_name, "source": None}
+    else:
+        teacher_name = _config_name(teacher)
+        teacher_entry = {
+            "name": teacher_name or f"{type(teacher).__name__} (in memory)",
+            "source": "path" if teacher_name and os.path.isdir(teacher_name) else None,
+        }
+    # What the divergence was measured against: full vocabulary, or a top-k teacher (k, where from).
+    teacher_entry["divergence"] = engine.teacher_description
     training = {key: getattr(args, key) for key in TRAINING_FIELDS if hasattr(args, key)}
     training["global_step"] = trainer.state.global_step
     train_dataset = getattr(trainer, "train_dataset", None)
     return {
         "hf_rockopd_version": __version__,
         "trainer": trainer_description(trainer),
-        "teacher": {
-            "name": teacher_name or f"{type(teacher).__name__} (in memory)",
-            "source": "path" if teacher_name and os.path.isdir(teacher_name) else None,
-        },
+        "teacher": teacher_entry,
         "student": {
             "name": model_name,
             "base_model": base_name or f"{type(base).__name__} (in memory)",

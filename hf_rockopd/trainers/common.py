@@ -23,6 +23,7 @@ from ..engine import LossPlan, RockTokenEngine
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
 from ..publishing.run_report import CARD_NAME
+from ..teachers import ModelTopKTeacher, TopKTeacher
 
 
 logger = logging.get_logger(__name__)
@@ -159,14 +160,23 @@ def check_trainer_arguments(
         raise TypeError(
             f"{trainer_name} needs model=<a model or a model name/path>, got {type(model).__name__}: {model!r}."
         )
-    if teacher_model is None:
-        raise ValueError(f"{trainer_name} needs a teacher_model (a model or a model name/path).")
-    if not isinstance(teacher_model, (str, nn.Module)):
+    served = getattr(args, "teacher_server_url", None) is not None
+    if teacher_model is None and not served:
+        raise ValueError(
+            f"{trainer_name} needs a teacher_model (a model or a model name/path), or teacher_server_url for a "
+            "served teacher."
+        )
+    if teacher_model is not None and served:
+        raise ValueError(
+            f"{trainer_name} got both a teacher_model and teacher_server_url={args.teacher_server_url!r}: the "
+            "teacher is either in this process or served. Pass teacher_model=None to use the server."
+        )
+    if teacher_model is not None and not isinstance(teacher_model, (str, nn.Module)):
         raise TypeError(
             f"{trainer_name} needs teacher_model=<a model or a model name/path>, got {type(teacher_model).__name__}: "
             f"{teacher_model!r}."
         )
-    if args.teacher_model_init_kwargs is not None and not isinstance(teacher_model, str):
+    if args.teacher_model_init_kwargs is not None and isinstance(teacher_model, nn.Module):
         raise ValueError(
             f"You passed teacher_model_init_kwargs to the {config_class.__name__}, but your teacher_model is already "
             "instantiated: the kwargs would be ignored. Pass the teacher as a name/path, or drop the kwargs."
@@ -197,14 +207,22 @@ class RockTrainerMixin:
 
     rock_engine: Any
 
-    def _attach_rock_engine(self, args: Any, policy: TokenPolicy, student_eos: Any) -> None:
+    def _attach_rock_engine(
+        self, args: Any, policy: TokenPolicy, student_eos: Any, served_teacher: TopKTeacher | None = None
+    ) -> None:
         """Build `self.rock_engine` once TRL's `__init__` has prepared the models: on the unwrapped student, the
-        prepared teacher and the trainer's tokenizer; `student_eos` is where each trainer keeps its stop ids."""
+        prepared teacher (`served_teacher` instead when given; truncated to `teacher_top_k` when that is set) and the
+        trainer's tokenizer; `student_eos` is where each trainer keeps its stop ids."""
+        teacher = served_teacher if served_teacher is not None else self.teacher_model
+        if served_teacher is None and args.teacher_top_k is not None:
+            teacher = ModelTopKTeacher(
+                self.teacher_model, args.teacher_top_k, args.loss_temperature, chunk_size=args.loss_chunk_size
+            )
         self.rock_engine = RockTokenEngine(
             args,
             policy,
             student=self.accelerator.unwrap_model(self.model),
-            teacher=self.teacher_model,
+            teacher=teacher,
             accelerator=self.accelerator,
             tokenizer=self.processing_class,
             student_eos=student_eos,

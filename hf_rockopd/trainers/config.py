@@ -61,6 +61,25 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
         loss_temperature (`float`, *optional*, defaults to `1.0`):
             Temperature of the distributions inside the divergence (the paper: 1).
 
+        > Parameters that control a teacher outside the trainer (README, "Teacher outside the trainer")
+
+        teacher_server_url (`str`, *optional*):
+            Base URL of a served teacher speaking vLLM's `/v1/completions` with `prompt_logprobs` (`vllm serve
+            TEACHER --max-logprobs K` on a GPU, `hf-rockopd serve-teacher` on a CPU). Pass `teacher_model=None`;
+            the API key, if the server wants one, comes from `$HF_ROCKOPD_TEACHER_API_KEY`. `seq_kd` needs an
+            in-process teacher.
+        teacher_top_k (`int`, *optional*):
+            Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
+            teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
+            divergence over those ids plus a tail bin, a lower bound of the full one.
+        teacher_request_timeout (`float`, *optional*, defaults to `60.0`):
+            Seconds to wait for one answer of the server.
+        teacher_max_retries (`int`, *optional*, defaults to `3`):
+            Further tries after a connection error, a timeout or a 5xx answer, before the step fails with an error
+            naming the URL.
+        teacher_retry_backoff (`float`, *optional*, defaults to `1.0`):
+            Seconds before the first retry, doubled at each next one.
+
     Example:
     ```python
     >>> from hf_rockopd.trainers import RockOPDConfig
@@ -95,3 +114,8 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
             raise ValueError(f"temperature must be > 0, got {self.temperature}.")
         self._check_length("max_new_tokens")
         self._check_rock_fields()
+        if self.teacher_server_url is not None and self.seq_kd:
+            raise ValueError(
+                "seq_kd=True generates completions with the teacher, which needs it in memory: it cannot be used "
+                "with teacher_server_url. Set seq_kd=False, or load the teacher in process."
+            )

@@ -23,6 +23,7 @@ from ..engine.weighting import project_rows
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
+from ..teachers import connect_served_teacher
 from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output
 from .distillation_config import RockDistillationConfig
 
@@ -170,8 +171,9 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 "name/path."
             )
         check_prompt_columns(train_dataset, eval_dataset)
-        # Built before any model loads, so a bad name or option fails in seconds.
+        # Built before any model loads, so a bad name or option fails in seconds; a served teacher is probed too.
         policy = build_policy(rock_policy, args)
+        served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
         # quiet_training: peft's PeftModel reads transformers' renamed `is_gradient_checkpointing` while it wraps.
         with quiet_training():
             super().__init__(
@@ -187,7 +189,7 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 peft_config=peft_config,
                 tools=tools,
             )
-        self._attach_rock_engine(args, policy, student_eos=self.eos_token_ids)
+        self._attach_rock_engine(args, policy, student_eos=self.eos_token_ids, served_teacher=served)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.rock_engine.micro_step += 1
@@ -241,6 +243,12 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
         multimodal = {key: inputs[key] for key in _MULTIMODAL_KEYS if key in inputs}
         keep = inputs["completion_ids"].size(1)
         student_hidden = self._get_last_hidden_state(student, input_ids, attention_mask, keep, **multimodal)
+        if self.rock_engine.topk_teacher is not None:
+            # Row i of the targets is token i's distribution: the completion tokens are the last `keep`.
+            needed = torch.zeros_like(attention_mask, dtype=torch.bool)
+            needed[:, -keep:] = plan.grad_rows | plan.probe_rows
+            targets = self.rock_engine.topk_targets(input_ids, attention_mask, needed, plan.batch.step)
+            return self.rock_engine.project_topk(student, student_hidden, targets[:, -keep:], plan)
         self.teacher_model.eval()
         teacher = self.accelerator.unwrap_model(self.teacher_model)
         with torch.no_grad():

@@ -72,6 +72,24 @@ class RockTokenArguments:
         loss_temperature (`float`, *optional*, defaults to `1.0`):
             Temperature of the distributions inside the divergence (the paper: 1).
 
+        > Parameters that control a teacher outside the trainer (README, "Teacher outside the trainer")
+
+        teacher_server_url (`str`, *optional*):
+            Base URL of a served teacher speaking vLLM's `/v1/completions` with `prompt_logprobs` (`vllm serve
+            TEACHER --max-logprobs K` on a GPU, `hf-rockopd serve-teacher` on a CPU). Pass `teacher_model=None`;
+            the API key, if the server wants one, comes from `$HF_ROCKOPD_TEACHER_API_KEY`.
+        teacher_top_k (`int`, *optional*):
+            Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
+            teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
+            divergence over those ids plus a tail bin, a lower bound of the full one.
+        teacher_request_timeout (`float`, *optional*, defaults to `60.0`):
+            Seconds to wait for one answer of the server.
+        teacher_max_retries (`int`, *optional*, defaults to `3`):
+            Further tries after a connection error, a timeout or a 5xx answer, before the step fails with an error
+            naming the URL.
+        teacher_retry_backoff (`float`, *optional*, defaults to `1.0`):
+            Seconds before the first retry, doubled at each next one.
+
     Example:
     ```python
     >>> from hf_rockopd.trainers import RockDistillationConfig, RockOPDConfig
@@ -120,6 +138,30 @@ class RockTokenArguments:
     loss_temperature: float = field(
         default=1.0,
         metadata={"help": "Temperature of the distributions inside the divergence."},
+    )
+    teacher_server_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base URL of a served teacher (vLLM's /v1/completions with prompt_logprobs; `vllm serve` on a GPU, "
+            "`hf-rockopd serve-teacher` on a CPU). Pass teacher_model=None."
+        },
+    )
+    teacher_top_k: int | None = field(
+        default=None,
+        metadata={
+            "help": "Teacher log-probabilities per position: required with a server; with an in-process teacher, "
+            "truncates it to its top-k. The loss is then over those ids plus a tail bin."
+        },
+    )
+    teacher_request_timeout: float = field(
+        default=60.0, metadata={"help": "Seconds to wait for one answer of the teacher server."}
+    )
+    teacher_max_retries: int = field(
+        default=3,
+        metadata={"help": "Further tries after a connection error, a timeout or a 5xx answer of the teacher server."},
+    )
+    teacher_retry_backoff: float = field(
+        default=1.0, metadata={"help": "Seconds before the first retry, doubled at each next one."}
     )
 
     def _prepare_trl_defaults(self) -> None:
@@ -175,3 +217,36 @@ class RockTokenArguments:
             )
         # Checked by the policy's options dataclass (the one place policy options are checked), as the checked values.
         self.rock_policy_kwargs = build_policy_options(self.rock_policy, self.rock_policy_kwargs)
+        self._check_teacher_fields()
+
+    def _check_teacher_fields(self) -> None:
+        """The served / top-k teacher's fields, checked before any model loads."""
+        url, k = self.teacher_server_url, self.teacher_top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"teacher_top_k must be an integer >= 1, got {k!r}.")
+        if isinstance(url, dict):
+            raise ValueError(
+                f"teacher_server_url is a dict of {len(url)} teachers ({', '.join(map(str, url))}); several served "
+                "teachers are not supported yet. Give one URL."
+            )
+        if url is not None:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ValueError(f"teacher_server_url must be an http(s) URL such as http://127.0.0.1:8000, got {url!r}.")
+            if k is None:
+                raise ValueError(
+                    "teacher_top_k is required with teacher_server_url: the number of log-probabilities the server "
+                    "returns per position (vLLM's prompt_logprobs; see the README's k table for what k costs)."
+                )
+            if self.loss_temperature != 1.0:
+                raise ValueError(
+                    f"loss_temperature={self.loss_temperature} cannot be used with a served teacher: vLLM's prompt "
+                    "log-probabilities are at temperature 1, and a truncated distribution cannot be re-tempered "
+                    "exactly. Use loss_temperature=1.0, or an in-process teacher."
+                )
+        if not math.isfinite(self.teacher_request_timeout) or self.teacher_request_timeout <= 0:
+            raise ValueError(f"teacher_request_timeout must be > 0 seconds, got {self.teacher_request_timeout}.")
+        retries = self.teacher_max_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"teacher_max_retries must be an integer >= 0, got {retries!r}.")
+        if not math.isfinite(self.teacher_retry_backoff) or self.teacher_retry_backoff < 0:
+            raise ValueError(f"teacher_retry_backoff must be >= 0 seconds, got {self.teacher_retry_backoff}.")

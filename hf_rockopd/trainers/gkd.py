@@ -10,17 +10,18 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import unwrap_model_for_generation
 
 from ..console import quiet_training
 from ..engine import build_policy, check_supported_setup
-from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
+from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, fsdp_requested, shard_teacher
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
+from ..teachers import connect_served_teacher
 from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output, refuse_prediction_hooks
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
@@ -48,6 +49,16 @@ def _without_gkd_migration_warning():
         yield
     finally:
         gkd_logger.removeFilter(drop)
+
+
+class _ServedTeacherStandIn(nn.Module):
+    """What `GKDTrainer.__init__` gets as its teacher when the teacher is served: it requires a model, reads its
+    vocabulary size (the student's here; the served one is checked against the student by the engine) and prepares
+    it. No parameters; the trainer drops it right after."""
+
+    def __init__(self, student: PreTrainedModel | nn.Module | str):
+        super().__init__()
+        self.config = student.config if isinstance(student, nn.Module) else AutoConfig.from_pretrained(student)
 
 
 class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
@@ -137,6 +148,12 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
 
         # Build the policy first, so a bad name or bad kwargs fail before any model is loaded.
         policy = build_policy(rock_policy, args)
+        # A served teacher is reached and probed before any model loads, too.
+        served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
+        if served is not None:
+            if fsdp_requested(args):
+                raise ValueError("A served teacher under FSDP has not been run; use one process or DDP.")
+            teacher_model = _ServedTeacherStandIn(model)
 
         if isinstance(teacher_model, str):
             # Loaded here rather than by GKDTrainer, which indexes `teacher_model_init_kwargs["dtype"]` and fails
@@ -168,6 +185,8 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
                 formatting_func=formatting_func,
             )
         args.teacher_model_init_kwargs = saved_teacher_kwargs
+        if served is not None:
+            self.teacher_model = None  # the stand-in only got GKDTrainer's constructor through
         check_fsdp_accelerator(args, self.accelerator)
         if self.accelerator.is_fsdp2:
             self._prepare_fsdp2()
@@ -177,7 +196,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
 
-        self._attach_rock_engine(args, policy, student_eos=self.generation_config.eos_token_id)
+        self._attach_rock_engine(args, policy, student_eos=self.generation_config.eos_token_id, served_teacher=served)
         self._accumulation_batches: list[dict[str, Any]] = []
         self._accumulation_num_items: torch.Tensor | None = None
 

@@ -1,0 +1,180 @@
+"""Both trainers with a served teacher (a real `hf-rockopd serve-teacher` on loopback): equal to the in-process teacher
+at k = V, a top-k run, the refusals before any model loads, and faults that stop a step with an error naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from conftest import make_args
+from served_teacher import TeacherServer, free_port
+
+from hf_rockopd import RockOPDConfig
+from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+from hf_rockopd.rock_set import load_rock_tokens
+from hf_rockopd.teachers import TeacherServerError
+
+
+VOCAB = 259
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    tokenizer = build_tiny_tokenizer()
+    path = tmp_path_factory.mktemp("teacher")
+    build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(teacher_dir):
+    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
+    yield served
+    served.kill()
+
+
+def _train(kind, tmp_path, tokenizer, teacher, name, **overrides):
+    args = kind.args(tmp_path / name, **overrides)
+    trainer = kind.make(build_tiny_causal_lm(tokenizer, seed=0), teacher, args, tokenizer)
+    trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    return trainer, losses
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_served_teacher_at_full_vocabulary_equals_the_in_process_teacher(kind, tmp_path, tokenizer, teacher,
+                                                                         server, beta):  # fmt: skip
+    # Plain SGD: Adam divides each gradient by its own scale, which turns float32 noise in a near-zero gradient into
+    # a full step, so weights would say nothing about the loss's gradients.
+    in_process, expected = _train(kind, tmp_path, tokenizer, teacher, "local", beta=beta, optim="sgd")
+    served, losses = _train(kind, tmp_path, tokenizer, None, "served", beta=beta, optim="sgd",
+                            teacher_server_url=server.url, teacher_top_k=VOCAB)  # fmt: skip
+    assert served.teacher_model is None
+    assert len(losses) == len(expected) == 2
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    for p, q in zip(served.model.parameters(), in_process.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    teacher_info = load_rock_tokens(tmp_path / "served")["teacher"]
+    assert teacher_info["top_k"] == VOCAB and teacher_info["source"] == f"server {server.url}"
+
+
+def test_top_k_run_trains_on_a_lower_bound(kind, tmp_path, tokenizer, teacher, server):
+    _, full = _train(kind, tmp_path, tokenizer, teacher, "full")
+    _, sparse = _train(kind, tmp_path, tokenizer, None, "k4", teacher_server_url=server.url, teacher_top_k=4)
+    # Step 1 scores the same completions (same student, same seed): the tail-bin loss is below the dense one.
+    assert 0 < sparse[0] < full[0]
+
+
+def test_in_process_top_k_equals_the_served_top_k(kind, tmp_path, tokenizer, teacher, server):
+    _, local = _train(kind, tmp_path, tokenizer, teacher, "local", teacher_top_k=8)
+    _, served = _train(kind, tmp_path, tokenizer, None, "served", teacher_server_url=server.url, teacher_top_k=8)
+    torch.testing.assert_close(torch.tensor(served), torch.tensor(local), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------- refusals ----
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(teacher_server_url="http://127.0.0.1:1"), "teacher_top_k is required"),
+        (dict(teacher_server_url="127.0.0.1:8000", teacher_top_k=4), "http"),
+        (dict(teacher_server_url="http://127.0.0.1:1", teacher_top_k=4, loss_temperature=0.7), "temperature 1"),
+        (dict(teacher_server_url={"a": "http://x", "b": "http://y"}, teacher_top_k=4), "several served teachers"),
+        (dict(teacher_top_k=0), "teacher_top_k must be"),
+        (dict(teacher_request_timeout=0), "teacher_request_timeout"),
+        (dict(teacher_max_retries=-1), "teacher_max_retries"),
+        (dict(teacher_server_url="http://127.0.0.1:1", teacher_top_k=4, seq_kd=True), "seq_kd"),
+    ],
+)
+def test_bad_teacher_settings_are_refused(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **overrides)
+
+
+def test_unreachable_server_is_refused_before_any_model_loads(kind, tmp_path, tokenizer):
+    url = f"http://127.0.0.1:{free_port()}"
+    args = kind.args(tmp_path / "out", teacher_server_url=url, teacher_top_k=4, teacher_max_retries=0)
+    with pytest.raises(ValueError, match=f"No teacher server answers at {url}.*vllm serve"):
+        kind.make("no/such-student", None, args, tokenizer)
+
+
+def test_top_k_above_the_servers_limit_is_refused_before_any_model_loads(kind, tmp_path, tokenizer, teacher_dir):
+    served = TeacherServer(teacher_dir, max_top_k=8).start()
+    try:
+        args = kind.args(tmp_path / "out", teacher_server_url=served.url, teacher_top_k=16)
+        with pytest.raises(ValueError, match="--max_top_k 16"):
+            kind.make("no/such-student", None, args, tokenizer)
+    finally:
+        served.kill()
+
+
+def test_teacher_model_and_server_together_are_refused(kind, tmp_path, tokenizer, teacher):
+    args = kind.args(tmp_path / "out", teacher_server_url="http://127.0.0.1:1", teacher_top_k=4)
+    with pytest.raises(ValueError, match="either in this process or served"):
+        kind.make(build_tiny_causal_lm(tokenizer), teacher, args, tokenizer)
+
+
+# --------------------------------------------------------------------------------------------------- faults ----
+def test_server_killed_mid_run_fails_the_step_naming_it_and_the_url(kind, tmp_path, tokenizer, teacher_dir):
+    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
+    args = kind.args(tmp_path / "out", teacher_server_url=served.url, teacher_top_k=4, max_steps=3,
+                     teacher_max_retries=1, teacher_retry_backoff=0.01, teacher_request_timeout=5)  # fmt: skip
+    trainer = kind.make(build_tiny_causal_lm(tokenizer), None, args, tokenizer)
+    served.kill()
+    with pytest.raises(TeacherServerError, match=f"Step 0: The teacher at {served.url}.* after 2 tries"):
+        trainer.train()
+
+
+def test_sigkilled_server_then_resume_ends_as_the_uninterrupted_run(kind, tmp_path, tokenizer, teacher_dir):
+    """Checkpoint at step 2, the server killed, the run failing at step 2; the server restarted and the run resumed
+    from its checkpoint: the same final weights as a run whose server never went down."""
+    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
+    common = dict(teacher_server_url=served.url, teacher_top_k=8, max_steps=4, save_strategy="steps", save_steps=2,
+                  teacher_max_retries=0, teacher_request_timeout=5, optim="sgd")  # fmt: skip
+    try:
+        clean = kind.make(build_tiny_causal_lm(tokenizer), None, kind.args(tmp_path / "clean", **common), tokenizer)
+        clean.train()
+
+        class KillAfterCheckpoint:
+            def on_save(self, args, state, control, **kwargs):
+                if state.global_step == 2:
+                    served.kill()
+
+        from transformers import TrainerCallback
+
+        callback = type("Kill", (KillAfterCheckpoint, TrainerCallback), {})()
+        broken = kind.make(build_tiny_causal_lm(tokenizer), None, kind.args(tmp_path / "broken", **common),
+                           tokenizer, callbacks=[callback])  # fmt: skip
+        with pytest.raises(TeacherServerError, match="Step 2"):
+            broken.train()
+        assert os.path.isdir(tmp_path / "broken" / "checkpoint-2")
+        served.start()
+        resumed = kind.make(build_tiny_causal_lm(tokenizer), None, kind.args(tmp_path / "broken", **common), tokenizer)
+        resumed.train(resume_from_checkpoint=str(tmp_path / "broken" / "checkpoint-2"))
+    finally:
+        served.kill()
+    for p, q in zip(resumed.model.parameters(), clean.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_malformed_answer_fails_the_step_naming_it(kind, tmp_path, tokenizer, monkeypatch, server):
+    """A server that answers NaN: the step fails with an error naming the step, the URL and the position."""
+    args = kind.args(tmp_path / "out", teacher_server_url=server.url, teacher_top_k=4)
+    trainer = kind.make(build_tiny_causal_lm(tokenizer), None, args, tokenizer)
+    client = trainer.rock_engine.topk_teacher.client
+    real = client._request
+
+    def nan_answer(method, path, what, **kwargs):
+        answer = real(method, path, what, **kwargs)
+        if path == "/v1/completions":
+            entry = answer["choices"][0]["prompt_logprobs"][3]
+            entry[next(iter(entry))]["logprob"] = float("nan")
+        return answer
+
+    monkeypatch.setattr(client, "_request", nan_answer)
+    with pytest.raises(TeacherServerError, match=f"Step 0: The teacher at {server.url} answered sequence 0 "
+                                                 "malformed: position 3.*NaN"):  # fmt: skip
+        trainer.train()
+    assert json.dumps(trainer.state.log_history).count('"loss"') == 0  # no step was logged with a made-up loss
