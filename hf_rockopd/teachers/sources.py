@@ -35,7 +35,14 @@ from .client import TeacherClient, TeacherServerError
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ModelTopKTeacher", "ServedTeacher", "TopKTeacher", "connect_served_teacher", "empty_targets"]
+__all__ = [
+    "ModelTopKTeacher",
+    "ServedTeacher",
+    "TopKTeacher",
+    "connect_served_teacher",
+    "empty_targets",
+    "topk_with_own_token",
+]
 
 
 @runtime_checkable
@@ -101,13 +108,24 @@ class ModelTopKTeacher:
         for start in range(0, hidden.shape[0], self.chunk_size):
             z = head(hidden[start : start + self.chunk_size]).float()
             lp = torch.log_softmax(z / self.temperature if self.temperature != 1.0 else z, dim=-1)
-            rows.append(_with_own_token(lp, tokens[start : start + self.chunk_size], self.top_k))
+            rows.append(topk_with_own_token(lp, tokens[start : start + self.chunk_size], self.top_k))
         out[wanted] = torch.cat(rows)
         return out
 
 
-def _with_own_token(log_probs: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
-    """Packed `(n, 2, k + 1)` rows: the top k of `log_probs`, then each row's own token when outside them."""
+def topk_with_own_token(log_probs: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """Packed `(n, 2, k + 1)` rows: the top k of `log_probs` (`(n, V)`), then each row's own token (`tokens`, `(n,)`)
+    when it is outside them, padding otherwise: what vLLM's `prompt_logprobs=k` lists for a position.
+
+    Example:
+    ```python
+    >>> import torch
+    >>> from hf_rockopd.teachers.sources import topk_with_own_token
+    >>> lp = torch.log_softmax(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), -1)
+    >>> topk_with_own_token(lp, torch.tensor([3]), k=1)[0, 0].tolist()  # top-1 is id 0; the own token 3 is added
+    [0.0, 3.0]
+    ```
+    """
     top_lp, top_ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
     own_lp = log_probs.gather(1, tokens[:, None])
     listed = (top_ids == tokens[:, None]).any(-1, keepdim=True)
