@@ -33,7 +33,7 @@ class TeacherServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> TeacherServer:
+    def start(self, timeout: float = 300.0) -> TeacherServer:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         if self.api_key:
             env["HF_ROCKOPD_TEACHER_API_KEY"] = self.api_key

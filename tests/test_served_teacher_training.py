@@ -81,7 +81,8 @@ def test_in_process_top_k_equals_the_served_top_k(kind, tmp_path, tokenizer, tea
         (dict(teacher_server_url="http://127.0.0.1:1"), "teacher_top_k is required"),
         (dict(teacher_server_url="127.0.0.1:8000", teacher_top_k=4), "http"),
         (dict(teacher_server_url="http://127.0.0.1:1", teacher_top_k=4, loss_temperature=0.7), "temperature 1"),
-        (dict(teacher_server_url={"a": "http://x", "b": "http://y"}, teacher_top_k=4), "several served teachers"),
+        (dict(teacher_server_url={"a": "http://x", "b": "y"}, teacher_top_k=4), r"teacher_server_url\['b'\] must be"),
+        (dict(teacher_server_url={}, teacher_top_k=4), "empty dict"),
         (dict(teacher_top_k=0), "teacher_top_k must be"),
         (dict(teacher_request_timeout=0), "teacher_request_timeout"),
         (dict(teacher_max_retries=-1), "teacher_max_retries"),
@@ -178,3 +179,64 @@ def test_malformed_answer_fails_the_step_naming_it(kind, tmp_path, tokenizer, mo
                                                  "malformed: position 3.*NaN"):  # fmt: skip
         trainer.train()
     assert json.dumps(trainer.state.log_history).count('"loss"') == 0  # no step was logged with a made-up loss
+
+
+# ---------------------------------------------------------------------------------------------- several teachers ----
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    tokenizer = build_tiny_tokenizer()
+    servers = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        path = tmp_path_factory.mktemp(f"teacher_{name}")
+        build_tiny_causal_lm(tokenizer, seed=seed, num_hidden_layers=3).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        servers[name] = TeacherServer(path, max_top_k=VOCAB).start()
+    yield servers
+    for served in servers.values():
+        served.kill()
+
+
+def _routed_loss(tmp_path, tokenizer, urls, column):
+    from trainer_kinds import KINDS
+
+    kind = KINDS["gkd"]
+    dataset = kind.dataset(4).add_column("teacher", column)
+    args = kind.args(tmp_path / "out", teacher_server_url=urls, teacher_top_k=16)
+    trainer = kind.make(build_tiny_causal_lm(tokenizer, seed=0), None, args, tokenizer, dataset=dataset)
+    batch = kind.batch(trainer) | {"teacher": list(column)}
+    trainer.model.eval()
+    return float(trainer.compute_loss(trainer.model, batch))
+
+
+def test_the_teacher_column_routes_each_example(tmp_path, tokenizer, two_servers):
+    urls = {name: served.url for name, served in two_servers.items()}
+    routed = _routed_loss(tmp_path, tokenizer, urls, ["a", "a", "b", "b"])
+    swapped = _routed_loss(tmp_path, tokenizer, urls, ["b", "b", "a", "a"])
+    assert abs(routed - swapped) > 1e-4  # the column decides which teacher scores a row
+    # Swapping the column is swapping the servers behind the names.
+    crossed = _routed_loss(tmp_path, tokenizer, {"a": urls["b"], "b": urls["a"]}, ["a", "a", "b", "b"])
+    assert crossed == pytest.approx(swapped, rel=1e-6)
+    # One name for every row is the single-teacher run against that server.
+    single = _routed_loss(tmp_path, tokenizer, urls["a"], ["a"] * 4)
+    assert _routed_loss(tmp_path, tokenizer, urls, ["a"] * 4) == pytest.approx(single, rel=1e-6)
+
+
+def test_unknown_teacher_name_fails_at_the_first_batch(tmp_path, tokenizer, two_servers):
+    from trainer_kinds import KINDS
+
+    kind = KINDS["gkd"]
+    urls = {name: served.url for name, served in two_servers.items()}
+    dataset = kind.dataset(8).add_column("teacher", ["a", "c"] * 4)
+    args = kind.args(tmp_path / "out", teacher_server_url=json.dumps(urls), teacher_top_k=4)  # a JSON string, as a CLI gives
+    trainer = kind.make(build_tiny_causal_lm(tokenizer), None, args, tokenizer, dataset=dataset)
+    with pytest.raises(ValueError, match=r"Step 0: unknown teacher 'c' in the `teacher` column; the served teachers are 'a', 'b'"):
+        trainer.train()
+
+
+def test_several_teachers_are_refused_by_the_distillation_trainer(tmp_path, tokenizer, two_servers):
+    from trainer_kinds import KINDS
+
+    kind = KINDS["distillation"]
+    args = kind.args(tmp_path / "out", teacher_server_url={n: s.url for n, s in two_servers.items()}, teacher_top_k=4)
+    with pytest.raises(ValueError, match="RockOPDTrainer only"):
+        kind.make("no/such-student", None, args, tokenizer)

@@ -77,6 +77,11 @@ class ServeTeacherArguments:
 
 def serve_teacher(args: ServeTeacherArguments) -> int:
     """Run `serve-teacher`: load the teacher, then serve until interrupted."""
+    import importlib.util
+
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:  # checked before the model loads (minutes for a large teacher)
+        raise ValueError(f"serve-teacher needs {' and '.join(missing)}: pip install \"hf_rockopd[serve]\".")
     import torch
     import uvicorn
 

@@ -305,7 +305,9 @@ class RockTokenEngine:
             # Loss position t predicts token t + 1: the targets of tokens 1.. (row i of `targets` is token i's).
             needed = torch.zeros_like(inputs["attention_mask"], dtype=torch.bool)
             needed[:, 1:] = plan.grad_rows | plan.probe_rows
-            targets = self.topk_targets(inputs["input_ids"], inputs["attention_mask"], needed, plan.batch.step)
+            targets = self.topk_targets(
+                inputs["input_ids"], inputs["attention_mask"], needed, plan.batch.step, inputs.get("teacher")
+            )
             return self.project_topk(student, student_hidden, targets[:, 1:], plan)
         self.teacher.eval()
         teacher = self._unwrap(self.teacher)
@@ -328,10 +330,16 @@ class RockTokenEngine:
             )
 
     def topk_targets(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, needed: torch.Tensor, step: int
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        needed: torch.Tensor,
+        step: int,
+        routing: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
-        """The top-k teacher's packed targets of a batch (row `i`: token `i`), for the `needed` positions."""
-        return self.topk_teacher.targets(input_ids, attention_mask, step=step, needed=needed)
+        """The top-k teacher's packed targets of a batch (row `i`: token `i`), for the `needed` positions; `routing`
+        names each row's teacher when several are served (the batch's `teacher` column)."""
+        return self.topk_teacher.targets(input_ids, attention_mask, step=step, needed=needed, routing=routing)
 
     def project_topk(
         self, student: nn.Module, student_hidden: torch.Tensor, targets: torch.Tensor, plan: LossPlan

@@ -3,7 +3,8 @@
 - [`protocol`](./protocol.py): the wire format (vLLM's `/v1/completions` with `prompt_logprobs`), both directions;
 - [`client`](./client.py): [`TeacherClient`], the trainer's side, with timeouts, bounded retries and an API key;
 - [`server`](./server.py): `hf-rockopd serve-teacher`, the same API on a machine without vLLM (a CPU);
-- [`sources`](./sources.py): what the engine asks for targets: [`ServedTeacher`], [`ModelTopKTeacher`].
+- [`sources`](./sources.py): what the engine asks for targets: [`ServedTeacher`], [`ServedTeachers`] (several, routed
+  by a dataset column `teacher`), [`ModelTopKTeacher`].
 
 The loss against these targets is `hf_rockopd.losses.sparse` (the listed ids plus a tail bin).
 
@@ -17,7 +18,7 @@ Example:
 
 from .client import API_KEY_ENV, TeacherClient, TeacherServerError
 from .protocol import MalformedTeacherResponse
-from .sources import ModelTopKTeacher, ServedTeacher, TopKTeacher, connect_served_teacher
+from .sources import ModelTopKTeacher, ServedTeacher, ServedTeachers, TopKTeacher, connect_served_teacher
 
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "MalformedTeacherResponse",
     "ModelTopKTeacher",
     "ServedTeacher",
+    "ServedTeachers",
     "TeacherClient",
     "TeacherServerError",
     "TopKTeacher",

@@ -22,6 +22,7 @@ torch.Size([1, 3, 2, 5])
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -38,6 +39,7 @@ logger = logging.get_logger(__name__)
 __all__ = [
     "ModelTopKTeacher",
     "ServedTeacher",
+    "ServedTeachers",
     "TopKTeacher",
     "connect_served_teacher",
     "empty_targets",
@@ -53,10 +55,17 @@ class TopKTeacher(Protocol):
     source: str  # how `rock_tokens.json` and the card name it: "server <url>", "in-process top-k", ...
 
     def targets(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, step: int, needed: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        step: int,
+        needed: torch.Tensor | None = None,
+        routing: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
         """Packed `(B, L, 2, top_k + 1)` targets; `needed` (`(B, L)` bool) marks the positions the loss reads, so a
-        source may skip the rest (they are then padding)."""
+        source may skip the rest (they are then padding). `routing` is the batch's `teacher` column (several
+        teachers, [`ServedTeachers`]); one teacher ignores it."""
         ...
 
     def check_vocabulary(self, vocab_size: int, tokenizer: Any = None) -> None:
@@ -90,7 +99,7 @@ class ModelTopKTeacher:
             raise ValueError(f"The teacher has vocab_size {vocab_size(self.model)}, the student {vocab}.")
 
     @torch.no_grad()
-    def targets(self, input_ids, attention_mask, *, step: int, needed: torch.Tensor | None = None) -> torch.Tensor:
+    def targets(self, input_ids, attention_mask, *, step: int, needed=None, routing=None) -> torch.Tensor:
         batch, length = input_ids.shape
         out = empty_targets(batch, length, self.top_k + 1, input_ids.device)
         wanted = attention_mask.bool().clone()
@@ -176,7 +185,7 @@ class ServedTeacher:
                 "will not be reproducible to the last digit."
             )
 
-    def targets(self, input_ids, attention_mask, *, step: int, needed: torch.Tensor | None = None) -> torch.Tensor:
+    def targets(self, input_ids, attention_mask, *, step: int, needed=None, routing=None) -> torch.Tensor:
         batch, length = input_ids.shape
         out = empty_targets(batch, length, self.top_k + 1, input_ids.device)
         valid = attention_mask.bool()
@@ -191,7 +200,56 @@ class ServedTeacher:
         return out
 
 
-def connect_served_teacher(args: Any, tokenizer: Any = None) -> ServedTeacher:
+class ServedTeachers:
+    """Several served teachers, one per example: the batch's `teacher` column names each row's (the routing of TRL's
+    experimental async multi-teacher distillation). Each teacher is asked once per micro-batch for its own rows.
+
+    Args:
+        teachers: name -> [`ServedTeacher`], all at the same `top_k`.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.teachers import ServedTeacher, ServedTeachers, TeacherClient
+    >>> pair = ServedTeachers({name: ServedTeacher(TeacherClient(f"http://127.0.0.1:{port}"), top_k=8)
+    ...                        for name, port in (("math", 8001), ("code", 8002))})
+    >>> pair.source
+    'servers math=http://127.0.0.1:8001, code=http://127.0.0.1:8002'
+    ```
+    """
+
+    def __init__(self, teachers: dict[str, ServedTeacher]):
+        if len({t.top_k for t in teachers.values()}) != 1:
+            raise ValueError(f"Every teacher must be asked for the same top_k, got { {n: t.top_k for n, t in teachers.items()} }.")
+        self.teachers = teachers
+        self.top_k = next(iter(teachers.values())).top_k
+        self.source = "servers " + ", ".join(f"{name}={t.client.url}" for name, t in teachers.items())
+
+    def check_vocabulary(self, vocab: int, tokenizer: Any = None) -> None:
+        for teacher in self.teachers.values():
+            teacher.check_vocabulary(vocab, tokenizer)
+
+    def targets(self, input_ids, attention_mask, *, step: int, needed=None, routing=None) -> torch.Tensor:
+        known = ", ".join(map(repr, self.teachers))
+        if routing is None:
+            raise ValueError(
+                f"Step {step}: several teachers are served ({known}), but the batch has no `teacher` column naming "
+                "each example's teacher. Add one to the dataset."
+            )
+        unknown = sorted({str(name) for name in routing if name not in self.teachers})
+        if unknown:
+            raise ValueError(f"Step {step}: unknown teacher {', '.join(map(repr, unknown))} in the `teacher` column; "
+                             f"the served teachers are {known}.")  # fmt: skip
+        out = empty_targets(*input_ids.shape, self.top_k + 1, input_ids.device)
+        needed = attention_mask.bool() if needed is None else needed
+        for name, teacher in self.teachers.items():
+            rows = torch.tensor([r == name for r in routing], device=input_ids.device)
+            if rows.any():
+                mine = needed & rows[:, None]
+                out[rows] = teacher.targets(input_ids, attention_mask, step=step, needed=mine)[rows]
+        return out
+
+
+def connect_served_teacher(args: Any, tokenizer: Any = None) -> ServedTeacher | ServedTeachers:
     """The [`ServedTeacher`] of a trainer config (`teacher_server_url`, `teacher_top_k`, the timeout and retries),
     checked before any model loads: the server answers `/health` and `/v1/models`, and scores a probe at
     `teacher_top_k` (a server whose limit is lower refuses it: vLLM's `--max-logprobs` defaults to 20).
@@ -205,8 +263,16 @@ def connect_served_teacher(args: Any, tokenizer: Any = None) -> ServedTeacher:
                                                    teacher_top_k=16), tokenizer)
     ```
     """
+    if isinstance(args.teacher_server_url, dict):
+        return ServedTeachers(
+            {name: _connect(url, args, tokenizer) for name, url in args.teacher_server_url.items()}
+        )
+    return _connect(args.teacher_server_url, args, tokenizer)
+
+
+def _connect(url: str, args: Any, tokenizer: Any) -> ServedTeacher:
     client = TeacherClient(
-        args.teacher_server_url,
+        url,
         timeout=args.teacher_request_timeout,
         max_retries=args.teacher_max_retries,
         backoff=args.teacher_retry_backoff,

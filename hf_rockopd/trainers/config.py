@@ -63,11 +63,12 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
 
         > Parameters that control a teacher outside the trainer (README, "Teacher outside the trainer")
 
-        teacher_server_url (`str`, *optional*):
+        teacher_server_url (`str` or `dict[str, str]`, *optional*):
             Base URL of a served teacher speaking vLLM's `/v1/completions` with `prompt_logprobs` (`vllm serve
             TEACHER --max-logprobs K` on a GPU, `hf-rockopd serve-teacher` on a CPU). Pass `teacher_model=None`;
             the API key, if the server wants one, comes from `$HF_ROCKOPD_TEACHER_API_KEY`. `seq_kd` needs an
-            in-process teacher.
+            in-process teacher. Several teachers: a dict name -> URL (or its JSON string), and a dataset column
+            `teacher` naming each example's teacher; rock statistics are pooled over the teachers.
         teacher_top_k (`int`, *optional*):
             Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
             teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
@@ -89,7 +90,7 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
     ```
     """
 
-    _VALID_DICT_FIELDS = GKDConfig._VALID_DICT_FIELDS + ["rock_policy_kwargs"]
+    _VALID_DICT_FIELDS = GKDConfig._VALID_DICT_FIELDS + ["rock_policy_kwargs", "teacher_server_url"]
 
     lmbda: float = field(
         default=1.0,

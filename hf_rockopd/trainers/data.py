@@ -43,7 +43,11 @@ class OnPolicyChatMLCollator(DataCollatorForChatML):
     """
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        return super().__call__([self._fit(example) for example in examples])
+        batch = super().__call__([self._fit(example) for example in examples])
+        if any("teacher" in example for example in examples):
+            # Several served teachers: each row's teacher travels with the batch to the loss (see `teachers`).
+            batch["teacher"] = [example.get("teacher") for example in examples]
+        return batch
 
     def split(self, example: Mapping[str, Any]) -> tuple[list[int], list[int]]:
         """Token ids of the formatted prompt and of the dataset completion that follows it."""

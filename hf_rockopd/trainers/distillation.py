@@ -173,6 +173,13 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
         check_prompt_columns(train_dataset, eval_dataset)
         # Built before any model loads, so a bad name or option fails in seconds; a served teacher is probed too.
         policy = build_policy(rock_policy, args)
+        if isinstance(args.teacher_server_url, dict):
+            # DistillationTrainer's generation batch keeps the prompt columns only, so a `teacher` column would not
+            # reach the loss.
+            raise ValueError(
+                "Several served teachers (teacher_server_url as a dict) are supported by RockOPDTrainer only: "
+                "DistillationTrainer's batches keep the prompt columns only. Use RockOPDTrainer, or one teacher URL."
+            )
         served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
         # quiet_training: peft's PeftModel reads transformers' renamed `is_gradient_checkpointing` while it wraps.
         with quiet_training():

@@ -45,7 +45,7 @@ class RockDistillationConfig(RockTokenArguments, DistillationConfig):
     ```
     """
 
-    _VALID_DICT_FIELDS = DistillationConfig._VALID_DICT_FIELDS + ["rock_policy_kwargs"]
+    _VALID_DICT_FIELDS = DistillationConfig._VALID_DICT_FIELDS + ["rock_policy_kwargs", "teacher_server_url"]
 
     loss_temperature: float | None = field(
         default=None,

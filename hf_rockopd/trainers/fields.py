@@ -74,10 +74,12 @@ class RockTokenArguments:
 
         > Parameters that control a teacher outside the trainer (README, "Teacher outside the trainer")
 
-        teacher_server_url (`str`, *optional*):
+        teacher_server_url (`str` or `dict[str, str]`, *optional*):
             Base URL of a served teacher speaking vLLM's `/v1/completions` with `prompt_logprobs` (`vllm serve
             TEACHER --max-logprobs K` on a GPU, `hf-rockopd serve-teacher` on a CPU). Pass `teacher_model=None`;
-            the API key, if the server wants one, comes from `$HF_ROCKOPD_TEACHER_API_KEY`.
+            the API key, if the server wants one, comes from `$HF_ROCKOPD_TEACHER_API_KEY`. Several teachers: a dict
+            name -> URL (or its JSON string), and a dataset column `teacher` naming each example's teacher
+            (`RockOPDTrainer`); rock statistics are pooled over the teachers.
         teacher_top_k (`int`, *optional*):
             Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
             teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
@@ -139,11 +141,12 @@ class RockTokenArguments:
         default=1.0,
         metadata={"help": "Temperature of the distributions inside the divergence."},
     )
-    teacher_server_url: str | None = field(
+    teacher_server_url: dict[str, str] | str | None = field(
         default=None,
         metadata={
             "help": "Base URL of a served teacher (vLLM's /v1/completions with prompt_logprobs; `vllm serve` on a GPU, "
-            "`hf-rockopd serve-teacher` on a CPU). Pass teacher_model=None."
+            "`hf-rockopd serve-teacher` on a CPU), or a JSON dict name -> URL for several teachers (a dataset column "
+            "`teacher` names each example's). Pass teacher_model=None."
         },
     )
     teacher_top_k: int | None = field(
@@ -224,14 +227,16 @@ class RockTokenArguments:
         url, k = self.teacher_server_url, self.teacher_top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"teacher_top_k must be an integer >= 1, got {k!r}.")
-        if isinstance(url, dict):
-            raise ValueError(
-                f"teacher_server_url is a dict of {len(url)} teachers ({', '.join(map(str, url))}); several served "
-                "teachers are not supported yet. Give one URL."
-            )
+        urls = url if isinstance(url, dict) else {"": url} if url is not None else {}
+        if isinstance(url, dict) and not url:
+            raise ValueError("teacher_server_url is an empty dict: give at least one name -> URL.")
+        for name, one in urls.items():
+            if not isinstance(name, str) or (isinstance(url, dict) and not name):
+                raise ValueError(f"teacher_server_url: teacher names must be non-empty strings, got {name!r}.")
+            if not isinstance(one, str) or not one.startswith(("http://", "https://")):
+                shown = f"teacher_server_url[{name!r}]" if name else "teacher_server_url"
+                raise ValueError(f"{shown} must be an http(s) URL such as http://127.0.0.1:8000, got {one!r}.")
         if url is not None:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ValueError(f"teacher_server_url must be an http(s) URL such as http://127.0.0.1:8000, got {url!r}.")
             if k is None:
                 raise ValueError(
                     "teacher_top_k is required with teacher_server_url: the number of log-probabilities the server "
