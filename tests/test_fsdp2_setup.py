@@ -20,7 +20,8 @@ def test_fsdp2_with_full_sharding_passes_the_start_up_check():
 
 
 def test_trainers_that_do_not_shard_their_teacher_are_refused_fsdp():
-    with pytest.raises(ValueError, match="OtherTrainer does not support FSDP yet.*RockOPDTrainer supports FSDP2"):
+    refusal = "OtherTrainer does not support FSDP yet.*RockDistillationTrainer support FSDP2"
+    with pytest.raises(ValueError, match=refusal):
         check_supported_setup(fsdp_args(), "OtherTrainer")
 
 

@@ -24,17 +24,27 @@ def logged(trainer, key):
 
 
 # ---------------------------------------------------------------------------------------------- set-up ----
-FSDP1_REFUSAL = {
-    "gkd": "supports FSDP2 only, and this run asks for FSDP version 1",
-    "distillation": r"RockDistillationTrainer does not support FSDP yet \(not run\)",
-}
-
-
 def test_fsdp1_is_refused_before_any_model_is_loaded(kind, student, tokenizer, kind_args, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # `accelerate launch --use_fsdp`: version 1 unless told
     monkeypatch.delenv("FSDP_VERSION", raising=False)
-    with pytest.raises(ValueError, match=FSDP1_REFUSAL[kind.name]):
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} supports FSDP2 only, and this run asks for FSDP version 1"):
         # A teacher path that does not exist: the FSDP check must come first.
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [("FSDP_OFFLOAD_PARAMS", "cpu_offload"), ("FSDP_ACTIVATION_CHECKPOINTING", "activation_checkpointing")],
+)
+def test_untested_fsdp2_options_are_refused_before_any_model_is_loaded(
+    kind, student, tokenizer, kind_args, monkeypatch, env, named
+):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv(env, "true")
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} under FSDP2 has been run with full sharding only.*sets {named}"):
         kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
 
 

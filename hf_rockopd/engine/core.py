@@ -7,7 +7,7 @@ and training loop, builds one engine after its models are prepared, and hands it
   that student and teacher share a vocabulary, that a rock-set file matches the tokenizer and that both models stop
   on the same ids, and sets the policy up for the vocabulary;
 - the loss: [`RockTokenEngine.plan`] weights the positions and picks the rows to project,
-  [`RockTokenEngine.project_causal_lm`] (or [`~hf_rockopd.engine.weighting.project_rows`] on hidden states a trainer
+  [`RockTokenEngine.project_causal_lm`] (or [`RockTokenEngine.project_hidden`] on hidden states a trainer
   computed itself) runs the heads on those rows only, [`RockTokenEngine.finish`] normalizes, updates the policy and
   logs `rock/*`; [`RockTokenEngine.compute_loss`] chains the three;
 - [`RockTokenEngine.count_completions`]: the accumulation step's global token count (the `"tokens"` normalizer) and
@@ -89,7 +89,7 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
     """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
     been run (see the README's distributed matrix). Called before any model is loaded.
 
-    `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (`RockOPDTrainer` does, see
+    `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (both rock-token trainers do, see
     `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it.
 
     Example:
@@ -101,8 +101,9 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
     """
     if fsdp_requested(args) and not fsdp2:
         raise ValueError(
-            f"{trainer_name} does not support FSDP yet (not run); RockOPDTrainer supports FSDP2. Supported here: a "
-            "single process and DDP (`accelerate launch --multi_gpu`, or torchrun; use_cpu=True on CPU)."
+            f"{trainer_name} does not support FSDP yet (not run); RockOPDTrainer and RockDistillationTrainer support "
+            "FSDP2. Supported here: a single process and DDP (`accelerate launch --multi_gpu`, or torchrun; "
+            "use_cpu=True on CPU)."
         )
     check_fsdp_setup(args, trainer_name)
     if _deepspeed_zero3(args):
@@ -298,12 +299,20 @@ class RockTokenEngine:
             # Through the teacher's wrapper (DeepSpeed, DDP) too, so its parameters are gathered for the forward.
             teacher_forward = partial(self._last_hidden_state, teacher)
             teacher_hidden = self._redirect(self.teacher, teacher, teacher_forward, **model_inputs)
-        # Under FSDP2 the heads are gathered once here, not per chunk (see `sharding`); otherwise they are the models'.
+        return self.project_hidden(plan, student_hidden, teacher_hidden[:, :-1], student)
+
+    def project_hidden(
+        self, plan: LossPlan, student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student: nn.Module
+    ) -> Projection:
+        """The heads of the unwrapped `student` and of the teacher on the plan's rows of hidden states a trainer
+        computed (`(B, T, H)`, aligned with the plan's masks): [`project_rows`] with the config's divergence settings.
+        Under FSDP2 the heads are gathered once here, not per chunk (see `sharding`); otherwise they are the models'."""
+        teacher = self._unwrap(self.teacher)
         with gathered_heads(student, teacher, student_hidden.dtype, teacher_hidden.dtype) as heads:
             return project_rows(
                 plan,
                 student_hidden,
-                teacher_hidden[:, :-1],
+                teacher_hidden,
                 student,
                 teacher,
                 beta=self.args.beta,

@@ -17,7 +17,6 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..console import quiet_training
 from ..engine import build_policy, check_supported_setup
-from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
@@ -168,9 +167,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
                 formatting_func=formatting_func,
             )
         args.teacher_model_init_kwargs = saved_teacher_kwargs
-        check_fsdp_accelerator(args, self.accelerator)
-        if self.accelerator.is_fsdp2:
-            self._prepare_fsdp2()
+        self._prepare_fsdp2(args)
 
         # GKDTrainer turns the KV cache off under gradient checkpointing, which makes generation quadratic; but
         # `unwrap_model_for_generation` disables checkpointing while generating, so the cache is safe to keep.
@@ -180,22 +177,6 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         self._attach_rock_engine(args, policy, student_eos=self.generation_config.eos_token_id)
         self._accumulation_batches: list[dict[str, Any]] = []
         self._accumulation_num_items: torch.Tensor | None = None
-
-    def _prepare_fsdp2(self) -> None:
-        """Shard the teacher like the student, and make every rank generate in step.
-
-        accelerate's `prepare_model(evaluation_mode=True)` (GKDTrainer's teacher preparation) does not shard under
-        FSDP: each rank would keep the full teacher, on the CPU it was loaded on while the student is on the GPU
-        (TRL issue 2580, https://github.com/huggingface/trl/issues/2580). The student is sharded later, by
-        accelerate at `train()`, on the same default mesh.
-        """
-        self.teacher_model = shard_teacher(self.teacher_model, fsdp_mesh(self.accelerator))
-        # Sharded layers all-gather in every forward, so a rank whose completions all ended must keep stepping until
-        # every rank's have: transformers' `generate` does so (`synced_gpus`) for models it marks FSDP-managed, and
-        # accelerate's `fully_shard` does not mark them.
-        for module in self.model.modules():
-            if isinstance(module, PreTrainedModel):
-                module._is_fsdp_managed_module = True
 
     # -------------------------------------------------------------------------------------------- generation ----
     def get_batch_samples(self, epoch_iterator, num_batches, device):
