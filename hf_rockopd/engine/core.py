@@ -49,7 +49,7 @@ from .weighting import (
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["RockArguments", "RockTokenEngine", "build_policy", "check_supported_setup"]
+__all__ = ["RockArguments", "RockTokenEngine", "build_policy", "check_supported_setup", "zero3_refusal"]
 
 
 class RockArguments(Protocol):
@@ -85,12 +85,16 @@ def build_policy(rock_policy: TokenPolicy | str | None, args: RockArguments) -> 
     return get_policy(rock_policy or args.rock_policy, **(args.rock_policy_kwargs or {}))
 
 
-def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False) -> None:
+def check_supported_setup(
+    args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False, peft: bool = False
+) -> None:
     """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
     been run (see the README's distributed matrix). Called before any model is loaded.
 
     `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (both rock-token trainers do, see
-    `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it.
+    `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it. `peft`: the
+    student is trained through adapters (`peft_config`, or a PEFT model), which DeepSpeed ZeRO-3 needs (its head must
+    be frozen; checked again on the built student, see [`RockTokenEngine`]).
 
     Example:
     ```python
@@ -106,14 +110,8 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
             "use_cpu=True on CPU)."
         )
     check_fsdp_setup(args, trainer_name)
-    if _deepspeed_zero3(args):
-        # Run here (DeepSpeed 0.19.8, CPU, gloo): ZeRO-3 partitions the output head, and the loss's head gradient
-        # (shaped like the full head) is refused by ZeRO-3's partitioned linear ("expected shape compatible with [0]").
-        raise ValueError(
-            f"{trainer_name} does not support DeepSpeed ZeRO-3: it partitions the output head, which the loss projects "
-            "outside the model's forward. Use FSDP2 (fsdp=True, fsdp_config={\"version\": 2}) to shard parameters, "
-            "or ZeRO-2."
-        )
+    if _deepspeed_zero3(args) and not peft:
+        raise ValueError(zero3_refusal(trainer_name))
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and args.world_size == 1:
         raise ValueError(
@@ -122,6 +120,29 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
             "without GPUs set use_cpu=True (or launch with ACCELERATE_USE_CPU=true) so the processes join a gloo "
             "group; on GPUs check that CUDA is visible to every process."
         )
+
+
+def zero3_refusal(trainer_name: str) -> str:
+    """Why a trainable output head is refused under DeepSpeed ZeRO-3, and what to use instead.
+
+    Run here (DeepSpeed 0.19.8, CPU, gloo): the loss calls the head per chunk of weighted rows, outside the model's
+    forward; ZeRO-3's hooks make that head an autograd fallback, and its partitioned linear refuses the head's
+    gradient ("LinearFunctionForZeroStage3Backward returned an invalid gradient ... expected shape compatible with
+    [0]"). A frozen head (LoRA) has no such gradient, and that run equals one process.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.engine.core import zero3_refusal
+    >>> "FSDP2" in zero3_refusal("RockOPDTrainer")
+    True
+    ```
+    """
+    return (
+        f"{trainer_name} supports DeepSpeed ZeRO-3 with a frozen output head only (a LoRA/PEFT student: pass "
+        "peft_config): ZeRO-3 partitions the head, and the loss, which projects the weighted rows outside the model's "
+        "forward, cannot hand it a trainable head's gradient. To shard a fully fine-tuned student use FSDP2 "
+        '(fsdp=True, fsdp_config={"version": 2}), or ZeRO-2.'
+    )
 
 
 def _deepspeed_zero3(args: Any) -> bool:
@@ -227,6 +248,9 @@ class RockTokenEngine:
                 "packed weights are not sharded like floating-point ones). Drop fsdp/fsdp_config, or train a LoRA "
                 "student in float precision."
             )
+        head = student.get_output_embeddings()
+        if _deepspeed_zero3(args) and head is not None and any(p.requires_grad for p in head.parameters()):
+            raise ValueError(zero3_refusal("The trainer"))
 
     @property
     def num_processes(self) -> int:

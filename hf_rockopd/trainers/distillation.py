@@ -190,7 +190,9 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
             processing_class,
         )
         check_vllm_available(args.use_vllm)
-        check_supported_setup(args, "RockDistillationTrainer", fsdp2=True)
+        check_supported_setup(
+            args, "RockDistillationTrainer", fsdp2=True, peft=peft_config is not None or hasattr(model, "peft_config")
+        )
         check_vllm_sharding(args)
         model_name = getattr(getattr(model, "config", None), "_name_or_path", "")
         if processing_class is None and not isinstance(model, str) and not model_name:

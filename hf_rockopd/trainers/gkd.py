@@ -120,7 +120,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
             "RockOPDTrainer", RockOPDConfig, model, teacher_model, args, train_dataset, processing_class
         )
         refuse_prediction_hooks("RockOPDTrainer", compute_metrics, preprocess_logits_for_metrics)
-        check_supported_setup(args, fsdp2=True)
+        check_supported_setup(args, fsdp2=True, peft=peft_config is not None or hasattr(model, "peft_config"))
         if data_collator is None:
             if processing_class is None:
                 raise ValueError(

@@ -62,9 +62,6 @@ def cpu_fsdp2(base: type) -> type:
     return CpuFsdp2Trainer
 
 
-CpuFsdp2Trainer = cpu_fsdp2(RockOPDTrainer)
-
-
 def make_dataset(kind: str, n: int = 32, answer: str = "is the sum") -> Dataset:
     """Questions `What is i + (i+1)?`: as chats with the answer for `gkd`, as prompts for `distillation`."""
     rows = []
@@ -166,11 +163,19 @@ def full_weights(model):
 
 
 def teacher_shards(teacher):
+    """What each teacher parameter is on this rank: an FSDP2 shard (`dtensor`), a ZeRO-3 partition (`zero3`: its
+    local partition in `local`, the whole in `full`) or a whole tensor."""
     from torch.distributed.tensor import DTensor
 
+    def local(p):
+        if hasattr(p, "ds_tensor"):
+            return p.ds_tensor.numel()
+        return (p.to_local() if isinstance(p, DTensor) else p).numel()
+
     return {
-        name: {"dtensor": isinstance(p, DTensor), "local": (p.to_local() if isinstance(p, DTensor) else p).numel(),
-               "full": p.numel(), "shape": tuple(p.shape), "requires_grad": p.requires_grad}
+        name: {"dtensor": isinstance(p, DTensor), "zero3": hasattr(p, "ds_tensor"), "local": local(p),
+               "full": getattr(p, "ds_numel", p.numel()), "shape": tuple(getattr(p, "ds_shape", p.shape)),
+               "requires_grad": p.requires_grad}
         for name, p in teacher.named_parameters()
     }
 
@@ -262,6 +267,7 @@ def main() -> None:
         "student": full_weights(trainer.model),
         "teacher_shards": shards_before,
         "teacher_shards_after": teacher_shards(trainer.teacher_model),
+        "student_zero3": all(hasattr(p, "ds_tensor") for p in trainer.model.parameters()),
         "rock_token_writes": writes,
         "global_step": trainer.state.global_step,
         "head_paths": head_paths,
