@@ -20,7 +20,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..console import quiet_training
 from ..engine import LossPlan, RockTokenEngine
-from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, shard_teacher
+from ..engine.sharding import fsdp_mesh, shard_teacher
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
 from ..publishing.run_report import CARD_NAME
@@ -197,7 +197,6 @@ class RockTrainerMixin:
     """
 
     rock_engine: Any
-    _name: str
 
     def _attach_rock_engine(self, args: Any, policy: TokenPolicy, student_eos: Any) -> None:
         """Build `self.rock_engine` once TRL's `__init__` has prepared the models: on the unwrapped student, the
@@ -212,18 +211,15 @@ class RockTrainerMixin:
             student_eos=student_eos,
         )
 
-    def _prepare_fsdp2(self, args: Any) -> None:
-        """Once TRL's `__init__` has set accelerate up: check that an FSDP run really is FSDP2 on one mesh dimension,
-        then shard the teacher like the student and make every rank generate in step. Nothing without FSDP.
+    def _prepare_fsdp2(self) -> None:
+        """Under FSDP2, once TRL's `__init__` has set accelerate up (and `check_fsdp_accelerator` passed): shard the
+        teacher like the student, and make every rank generate in step.
 
         Both TRL bases prepare the teacher with accelerate's `prepare_model(evaluation_mode=True)`, which does not
         shard under FSDP: each rank would keep the full teacher, on the CPU it was loaded on while the student is on
         the GPU (TRL issue 2580, https://github.com/huggingface/trl/issues/2580). The student is sharded later, by
         accelerate at `train()`, on the same default mesh.
         """
-        check_fsdp_accelerator(args, self.accelerator, f"{self._name}Trainer")
-        if not getattr(self.accelerator, "is_fsdp2", False):
-            return
         self.teacher_model = shard_teacher(self.teacher_model, fsdp_mesh(self.accelerator))
         # Sharded layers all-gather in every forward, so a rank whose completions all ended must keep stepping until
         # every rank's have: transformers' `generate` does so (`synced_gpus`) for models it marks FSDP-managed, and

@@ -19,7 +19,7 @@ from trl.import_utils import is_vllm_available
 
 from ..console import quiet_training
 from ..engine import LossPlan, Projection, build_policy, check_supported_setup
-from ..engine.sharding import fsdp_requested
+from ..engine.sharding import check_fsdp_accelerator, fsdp_requested
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
@@ -220,7 +220,9 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 peft_config=peft_config,
                 tools=tools,
             )
-        self._prepare_fsdp2(args)
+        check_fsdp_accelerator(args, self.accelerator, "RockDistillationTrainer")
+        if self.accelerator.is_fsdp2:
+            self._prepare_fsdp2()
         self._attach_rock_engine(args, policy, student_eos=self.eos_token_ids)
 
     def training_step(self, model, inputs, num_items_in_batch=None):

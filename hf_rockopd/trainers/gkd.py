@@ -17,6 +17,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..console import quiet_training
 from ..engine import build_policy, check_supported_setup
+from ..engine.sharding import check_fsdp_accelerator
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
@@ -167,7 +168,9 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
                 formatting_func=formatting_func,
             )
         args.teacher_model_init_kwargs = saved_teacher_kwargs
-        self._prepare_fsdp2(args)
+        check_fsdp_accelerator(args, self.accelerator)
+        if self.accelerator.is_fsdp2:
+            self._prepare_fsdp2()
 
         # GKDTrainer turns the KV cache off under gradient checkpointing, which makes generation quadratic; but
         # `unwrap_model_for_generation` disables checkpointing while generating, so the cache is safe to keep.
