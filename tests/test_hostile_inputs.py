@@ -48,6 +48,21 @@ def test_untested_fsdp2_options_are_refused_before_any_model_is_loaded(
         kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
 
 
+def test_deepspeed_zero3_without_adapters_is_refused_before_any_model_is_loaded(
+    kind, student, tokenizer, kind_args, monkeypatch
+):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # `accelerate launch --use_deepspeed --zero_stage 3`
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} supports DeepSpeed ZeRO-3 with a frozen output head only.*FSDP2"):
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
+    from peft import LoraConfig
+
+    # With adapters the start-up check passes: what fails next is loading the missing teacher.
+    with pytest.raises(OSError, match="/nonexistent/teacher"):
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer, peft_config=LoraConfig(r=4))
+
+
 def test_processes_that_did_not_join_a_group_are_refused(kind, student, teacher, tokenizer, kind_args, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"WORLD_SIZE=2 processes, but the Trainer runs single-process.*use_cpu=True"):
