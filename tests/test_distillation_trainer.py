@@ -124,6 +124,18 @@ def test_use_vllm_without_vllm_names_the_install_command_before_any_model_loads(
     assert VLLM_INSTALL in str(err.value)
 
 
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_vllm_under_fsdp2_is_refused_before_any_model_loads(tmp_path, monkeypatch, mode):
+    from hf_rockopd.trainers import distillation as ours
+
+    monkeypatch.setattr(ours, "is_vllm_available", lambda: True)  # as where vLLM is installed
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    args = KIND.args(tmp_path / "out", use_vllm=True, vllm_mode=mode)
+    with pytest.raises(ValueError, match=f"not been run with vLLM generation \\(vllm_mode='{mode}'\\) under FSDP2"):
+        RockDistillationTrainer(model="/nonexistent/student", teacher_model="/nonexistent/teacher", args=args)
+
+
 class StandInVLLM:
     """Stands in for TRL's `VLLMGeneration`: records its settings and returns fixed completions per prompt."""
 

@@ -1,14 +1,16 @@
-"""RockOPDTrainer under FSDP2 with two gloo processes on CPU, against one process over the same global batch.
+"""Both rock-token trainers under FSDP2 with two gloo processes on CPU, against one process over the same global batch.
 
-The launched script (`tests/scripts/fsdp_train.py`) goes through the Trainer's FSDP path (`fsdp=True`,
-`fsdp_config={"version": 2}`): accelerate's FSDP2 preparation of the student and its FSDP checkpoints, and the
-teacher sharded by `RockOPDTrainer`. accelerate 1.16 sets a CPU run up as DDP even when FSDP is asked for, so the
+Every run is parametrized over the trainer kinds (`gkd`: `RockOPDTrainer`, `distillation`: `RockDistillationTrainer`;
+see tests/trainer_kinds.py). The launched script (`tests/scripts/fsdp_train.py`) goes through the Trainer's FSDP path
+(`fsdp=True`, `fsdp_config={"version": 2}`): accelerate's FSDP2 preparation of the student and its FSDP checkpoints,
+and the teacher sharded by the trainer. accelerate 1.16 sets a CPU run up as DDP even when FSDP is asked for, so the
 script switches its accelerator state to FSDP (the only patch; see its docstring).
 
-- `equal`: 2 steps of `rock_online` (refresh every step after one warm-up step) on the dataset's completions
-  (`lmbda=0`, so both runs see the same tokens), FSDP2 on 2 processes x 2 prompts against one process x 4 prompts.
+- `equal`: 2 steps of `rock_online` (refresh every step after one warm-up step) on completions both runs share (`gkd`:
+  the dataset's, `lmbda=0`; `distillation`: greedy decoding), FSDP2 on 2 processes x 2 prompts against one process x
+  4 prompts.
 - `lora`: as `equal` with a LoRA student (q/v projections, r=4): only the adapters train, the head stays frozen.
-- `resume`: 3 on-policy steps (`lmbda=1`: generation with sharded layers), a checkpoint every 2 steps; a run SIGKILLed
+- `resume`: 3 on-policy steps (sampled, generation with sharded layers), a checkpoint every 2 steps; a run SIGKILLed
   at the end of step 3 resumed from `checkpoint-2` must end where the uninterrupted run ends.
 """
 
@@ -20,6 +22,7 @@ import pytest
 import torch
 
 from test_distributed_trainer import assert_same_state
+from trainer_kinds import KINDS
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +30,9 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "fsdp_train.py")
 TOL = dict(rtol=0, atol=1e-5)  # float32, the same global batch: reduction order is the only difference
 
 
-def launch(out, mode, *extra, expect_ok=True):
+def launch(out, mode, *extra, kind="gkd", expect_ok=True):
     os.makedirs(out, exist_ok=True)
+    extra = (*extra, "--kind", kind)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if mode == "fsdp":
@@ -51,34 +55,36 @@ def dumps(out, ranks=(0, 1)):
     return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in ranks]
 
 
-@pytest.fixture(scope="module")
-def equal(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp_equal")
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def equal(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp(f"fsdp_equal_{request.param}")
     # Launched together: the two runs are independent, and this machine may be shared.
-    runs = [launch(base / "fsdp", "fsdp"), launch(base / "single", "single")]
+    runs = [launch(base / "fsdp", "fsdp", kind=request.param), launch(base / "single", "single", kind=request.param)]
     for run in runs:
         finish(run)
     return base, dumps(base / "fsdp"), dumps(base / "single", ranks=(0,))[0]
 
 
-@pytest.fixture(scope="module")
-def resume(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp_resume")
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def resume(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp(f"fsdp_resume_{request.param}")
     common = ("--lmbda", "1", "--steps", "3", "--save-every", "2")
-    full, killed = launch(base / "full", "fsdp", *common), launch(base / "kill", "fsdp", *common, "--kill-at", "3",
-                                                                  expect_ok=False)
+    kind = request.param
+    full = launch(base / "full", "fsdp", *common, kind=kind)
+    killed = launch(base / "kill", "fsdp", *common, "--kill-at", "3", kind=kind, expect_ok=False)
     finish(full)
     assert finish(killed) != 0
     checkpoint = base / "kill" / "checkpoint-2"
     assert checkpoint.is_dir() and not (base / "kill" / "checkpoint-3").exists()
-    finish(launch(base / "kill", "fsdp", *common, "--resume", str(checkpoint)))
+    finish(launch(base / "kill", "fsdp", *common, "--resume", str(checkpoint), kind=kind))
     return dumps(base / "full"), dumps(base / "kill")
 
 
-@pytest.fixture(scope="module")
-def lora(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fsdp_lora")
-    runs = [launch(base / "fsdp", "fsdp", "--lora"), launch(base / "single", "single", "--lora")]
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def lora(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp(f"fsdp_lora_{request.param}")
+    kind = request.param
+    runs = [launch(base / "fsdp", "fsdp", "--lora", kind=kind), launch(base / "single", "single", "--lora", kind=kind)]
     for run in runs:
         finish(run)
     return dumps(base / "fsdp"), dumps(base / "single", ranks=(0,))[0]

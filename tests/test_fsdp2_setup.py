@@ -20,7 +20,8 @@ def test_fsdp2_with_full_sharding_passes_the_start_up_check():
 
 
 def test_trainers_that_do_not_shard_their_teacher_are_refused_fsdp():
-    with pytest.raises(ValueError, match="OtherTrainer does not support FSDP yet.*RockOPDTrainer supports FSDP2"):
+    refusal = "OtherTrainer does not support FSDP yet.*RockDistillationTrainer support FSDP2"
+    with pytest.raises(ValueError, match=refusal):
         check_supported_setup(fsdp_args(), "OtherTrainer")
 
 
@@ -84,13 +85,26 @@ def test_unsharded_models_keep_their_own_heads():
         assert student_head is student.lm_head and teacher_head is teacher.lm_head
 
 
-def test_deepspeed_zero3_is_refused_and_zero2_is_not(monkeypatch):
+def test_deepspeed_zero3_is_refused_without_adapters_and_zero2_is_not(monkeypatch):
     zero3 = SimpleNamespace(fsdp=None, world_size=1, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
-    with pytest.raises(ValueError, match="does not support DeepSpeed ZeRO-3.*Use FSDP2"):
+    with pytest.raises(ValueError, match="ZeRO-3 with a frozen output head only.*use FSDP2"):
         check_supported_setup(zero3)
+    check_supported_setup(zero3, peft=True)  # a LoRA student: run, equal to one process (test_fsdp2_deepspeed.py)
     check_supported_setup(SimpleNamespace(fsdp=None, world_size=1, hf_deepspeed_config=SimpleNamespace(
         is_zero3=lambda: False)))
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     with pytest.raises(ValueError, match="ZeRO-3"):
         check_supported_setup(SimpleNamespace(fsdp=None, world_size=1))
+
+
+def test_a_trainable_head_is_refused_under_zero3_once_the_student_is_built():
+    # PEFT with the head trained (`modules_to_save=["lm_head"]`) passes the start-up check; the built student does not.
+    tokenizer = build_tiny_tokenizer()
+    student, teacher = build_tiny_causal_lm(tokenizer, seed=0), build_tiny_causal_lm(tokenizer, seed=1)
+    args = SimpleNamespace(rock_policy="uniform", rock_policy_kwargs={},
+                           hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
+    with pytest.raises(ValueError, match="ZeRO-3 with a frozen output head only"):
+        RockTokenEngine(args, build_policy(None, args), student, teacher)
+    student.lm_head.requires_grad_(False)
+    RockTokenEngine(args, build_policy(None, args), student, teacher)

@@ -24,18 +24,43 @@ def logged(trainer, key):
 
 
 # ---------------------------------------------------------------------------------------------- set-up ----
-FSDP1_REFUSAL = {
-    "gkd": "supports FSDP2 only, and this run asks for FSDP version 1",
-    "distillation": r"RockDistillationTrainer does not support FSDP yet \(not run\)",
-}
-
-
 def test_fsdp1_is_refused_before_any_model_is_loaded(kind, student, tokenizer, kind_args, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # `accelerate launch --use_fsdp`: version 1 unless told
     monkeypatch.delenv("FSDP_VERSION", raising=False)
-    with pytest.raises(ValueError, match=FSDP1_REFUSAL[kind.name]):
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} supports FSDP2 only, and this run asks for FSDP version 1"):
         # A teacher path that does not exist: the FSDP check must come first.
         kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [("FSDP_OFFLOAD_PARAMS", "cpu_offload"), ("FSDP_ACTIVATION_CHECKPOINTING", "activation_checkpointing")],
+)
+def test_untested_fsdp2_options_are_refused_before_any_model_is_loaded(
+    kind, student, tokenizer, kind_args, monkeypatch, env, named
+):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv(env, "true")
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} under FSDP2 has been run with full sharding only.*sets {named}"):
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
+
+
+def test_deepspeed_zero3_without_adapters_is_refused_before_any_model_is_loaded(
+    kind, student, tokenizer, kind_args, monkeypatch
+):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # `accelerate launch --use_deepspeed --zero_stage 3`
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    name = kind.trainer_class.__name__
+    with pytest.raises(ValueError, match=f"{name} supports DeepSpeed ZeRO-3 with a frozen output head only.*FSDP2"):
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer)
+    from peft import LoraConfig
+
+    # With adapters the start-up check passes: what fails next is loading the missing teacher.
+    with pytest.raises(OSError, match="/nonexistent/teacher"):
+        kind.make(student, "/nonexistent/teacher", kind_args(), tokenizer, peft_config=LoraConfig(r=4))
 
 
 def test_processes_that_did_not_join_a_group_are_refused(kind, student, teacher, tokenizer, kind_args, monkeypatch):

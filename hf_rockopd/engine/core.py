@@ -7,7 +7,7 @@ and training loop, builds one engine after its models are prepared, and hands it
   that student and teacher share a vocabulary, that a rock-set file matches the tokenizer and that both models stop
   on the same ids, and sets the policy up for the vocabulary;
 - the loss: [`RockTokenEngine.plan`] weights the positions and picks the rows to project,
-  [`RockTokenEngine.project_causal_lm`] (or [`~hf_rockopd.engine.weighting.project_rows`] on hidden states a trainer
+  [`RockTokenEngine.project_causal_lm`] (or [`RockTokenEngine.project_hidden`] on hidden states a trainer
   computed itself) runs the heads on those rows only, [`RockTokenEngine.finish`] normalizes, updates the policy and
   logs `rock/*`; [`RockTokenEngine.compute_loss`] chains the three;
 - [`RockTokenEngine.count_completions`]: the accumulation step's global token count (the `"tokens"` normalizer) and
@@ -50,7 +50,7 @@ from .weighting import (
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["RockArguments", "RockTokenEngine", "build_policy", "check_supported_setup"]
+__all__ = ["RockArguments", "RockTokenEngine", "build_policy", "check_supported_setup", "zero3_refusal"]
 
 
 class RockArguments(Protocol):
@@ -86,12 +86,16 @@ def build_policy(rock_policy: TokenPolicy | str | None, args: RockArguments) -> 
     return get_policy(rock_policy or args.rock_policy, **(args.rock_policy_kwargs or {}))
 
 
-def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False) -> None:
+def check_supported_setup(
+    args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False, peft: bool = False
+) -> None:
     """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
     been run (see the README's distributed matrix). Called before any model is loaded.
 
-    `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (`RockOPDTrainer` does, see
-    `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it.
+    `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (both rock-token trainers do, see
+    `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it. `peft`: the
+    student is trained through adapters (`peft_config`, or a PEFT model), which DeepSpeed ZeRO-3 needs (its head must
+    be frozen; checked again on the built student, see [`RockTokenEngine`]).
 
     Example:
     ```python
@@ -102,18 +106,18 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
     """
     if fsdp_requested(args) and not fsdp2:
         raise ValueError(
-            f"{trainer_name} does not support FSDP yet (not run); RockOPDTrainer supports FSDP2. Supported here: a "
-            "single process and DDP (`accelerate launch --multi_gpu`, or torchrun; use_cpu=True on CPU)."
+            f"{trainer_name} does not support FSDP yet (not run); RockOPDTrainer and RockDistillationTrainer support "
+            "FSDP2. Supported here: a single process and DDP (`accelerate launch --multi_gpu`, or torchrun; "
+            "use_cpu=True on CPU)."
         )
     check_fsdp_setup(args, trainer_name)
-    if _deepspeed_zero3(args):
-        # Run here (DeepSpeed 0.19.8, CPU, gloo): ZeRO-3 partitions the output head, and the loss's head gradient
-        # (shaped like the full head) is refused by ZeRO-3's partitioned linear ("expected shape compatible with [0]").
+    if fsdp_requested(args) and (getattr(args, "teacher_server_url", None) or getattr(args, "teacher_top_k", None)):
         raise ValueError(
-            f"{trainer_name} does not support DeepSpeed ZeRO-3: it partitions the output head, which the loss projects "
-            "outside the model's forward. Use FSDP2 (fsdp=True, fsdp_config={\"version\": 2}) to shard parameters, "
-            "or ZeRO-2."
+            f"{trainer_name}: a served or top-k teacher (teacher_server_url / teacher_top_k) under FSDP has not been "
+            "run. Use one process or DDP with it, or an in-process full-vocabulary teacher under FSDP2."
         )
+    if _deepspeed_zero3(args) and not peft:
+        raise ValueError(zero3_refusal(trainer_name))
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and args.world_size == 1:
         raise ValueError(
@@ -122,6 +126,29 @@ def check_supported_setup(args: Any, trainer_name: str = "RockOPDTrainer", fsdp2
             "without GPUs set use_cpu=True (or launch with ACCELERATE_USE_CPU=true) so the processes join a gloo "
             "group; on GPUs check that CUDA is visible to every process."
         )
+
+
+def zero3_refusal(trainer_name: str) -> str:
+    """Why a trainable output head is refused under DeepSpeed ZeRO-3, and what to use instead.
+
+    Run here (DeepSpeed 0.19.8, CPU, gloo): the loss calls the head per chunk of weighted rows, outside the model's
+    forward; ZeRO-3's hooks make that head an autograd fallback, and its partitioned linear refuses the head's
+    gradient ("LinearFunctionForZeroStage3Backward returned an invalid gradient ... expected shape compatible with
+    [0]"). A frozen head (LoRA) has no such gradient, and that run equals one process.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.engine.core import zero3_refusal
+    >>> "FSDP2" in zero3_refusal("RockOPDTrainer")
+    True
+    ```
+    """
+    return (
+        f"{trainer_name} supports DeepSpeed ZeRO-3 with a frozen output head only (a LoRA/PEFT student: pass "
+        "peft_config): ZeRO-3 partitions the head, and the loss, which projects the weighted rows outside the model's "
+        "forward, cannot hand it a trainable head's gradient. To shard a fully fine-tuned student use FSDP2 "
+        '(fsdp=True, fsdp_config={"version": 2}), or ZeRO-2.'
+    )
 
 
 def _deepspeed_zero3(args: Any) -> bool:
@@ -235,6 +262,9 @@ class RockTokenEngine:
                 "packed weights are not sharded like floating-point ones). Drop fsdp/fsdp_config, or train a LoRA "
                 "student in float precision."
             )
+        head = student.get_output_embeddings()
+        if _deepspeed_zero3(args) and head is not None and any(p.requires_grad for p in head.parameters()):
+            raise ValueError(zero3_refusal("The trainer"))
 
     @property
     def num_processes(self) -> int:
@@ -308,19 +338,30 @@ class RockTokenEngine:
             targets = self.topk_targets(
                 inputs["input_ids"], inputs["attention_mask"], needed, plan.batch.step, inputs.get("teacher")
             )
-            return self.project_topk(student, student_hidden, targets[:, 1:], plan)
+            return self.project_hidden(plan, student_hidden, targets[:, 1:].to(student_hidden.device), student)
         self.teacher.eval()
         teacher = self._unwrap(self.teacher)
         with torch.no_grad():
             # Through the teacher's wrapper (DeepSpeed, DDP) too, so its parameters are gathered for the forward.
             teacher_forward = partial(self._last_hidden_state, teacher)
             teacher_hidden = self._redirect(self.teacher, teacher, teacher_forward, **model_inputs)
-        # Under FSDP2 the heads are gathered once here, not per chunk (see `sharding`); otherwise they are the models'.
+        return self.project_hidden(plan, student_hidden, teacher_hidden[:, :-1], student)
+
+    def project_hidden(
+        self, plan: LossPlan, student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, student: nn.Module
+    ) -> Projection:
+        """The heads of the unwrapped `student` and of the teacher on the plan's rows of hidden states a trainer
+        computed (`(B, T, H)`, aligned with the plan's masks): [`project_rows`] with the config's divergence settings.
+        With a top-k teacher `teacher_hidden` is its packed targets (`(B, T, 2, W)`, see [`topk_targets`]) and the
+        loss is the tail-bin divergence.
+        Under FSDP2 the heads are gathered once here, not per chunk (see `sharding`); otherwise they are the models'."""
+        # A top-k teacher has no head: `teacher_hidden` is then its packed targets (`losses.sparse.pack_topk`).
+        teacher = None if self.topk_teacher is not None else self._unwrap(self.teacher)
         with gathered_heads(student, teacher, student_hidden.dtype, teacher_hidden.dtype) as heads:
             return project_rows(
                 plan,
                 student_hidden,
-                teacher_hidden[:, :-1],
+                teacher_hidden,
                 student,
                 teacher,
                 beta=self.args.beta,
@@ -340,24 +381,6 @@ class RockTokenEngine:
         """The top-k teacher's packed targets of a batch (row `i`: token `i`), for the `needed` positions; `routing`
         names each row's teacher when several are served (the batch's `teacher` column)."""
         return self.topk_teacher.targets(input_ids, attention_mask, step=step, needed=needed, routing=routing)
-
-    def project_topk(
-        self, student: nn.Module, student_hidden: torch.Tensor, targets: torch.Tensor, plan: LossPlan
-    ) -> Projection:
-        """The student's head on the plan's rows against a top-k teacher's packed `targets` (aligned with the plan's
-        `(B, T)` masks): the tail-bin divergence, no teacher head."""
-        with gathered_heads(student, None, student_hidden.dtype) as (student_head, _):
-            return project_rows(
-                plan,
-                student_hidden,
-                targets.to(student_hidden.device),
-                student,
-                None,
-                beta=self.args.beta,
-                temperature=self.args.loss_temperature,
-                chunk_size=self.args.loss_chunk_size,
-                heads=(student_head, None),
-            )
 
     def finish(self, plan: LossPlan, projection: Projection, metrics: MutableMapping[str, list] | None) -> torch.Tensor:
         """The micro-batch's loss from its projection: weights (if decided late), normalization, the policy's update

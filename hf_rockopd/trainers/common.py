@@ -14,12 +14,13 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import ModelOutput, logging
 
 from ..console import quiet_training
 from ..engine import LossPlan, RockTokenEngine
+from ..engine.sharding import fsdp_mesh, shard_teacher
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
 from ..publishing.run_report import CARD_NAME
@@ -227,6 +228,23 @@ class RockTrainerMixin:
             tokenizer=self.processing_class,
             student_eos=student_eos,
         )
+
+    def _prepare_fsdp2(self) -> None:
+        """Under FSDP2, once TRL's `__init__` has set accelerate up (and `check_fsdp_accelerator` passed): shard the
+        teacher like the student, and make every rank generate in step.
+
+        Both TRL bases prepare the teacher with accelerate's `prepare_model(evaluation_mode=True)`, which does not
+        shard under FSDP: each rank would keep the full teacher, on the CPU it was loaded on while the student is on
+        the GPU (TRL issue 2580, https://github.com/huggingface/trl/issues/2580). The student is sharded later, by
+        accelerate at `train()`, on the same default mesh.
+        """
+        self.teacher_model = shard_teacher(self.teacher_model, fsdp_mesh(self.accelerator))
+        # Sharded layers all-gather in every forward, so a rank whose completions all ended must keep stepping until
+        # every rank's have: transformers' `generate` does so (`synced_gpus`) for models it marks FSDP-managed, and
+        # accelerate's `fully_shard` does not mark them.
+        for module in self.model.modules():
+            if isinstance(module, PreTrainedModel):
+                module._is_fsdp_managed_module = True
 
     @property
     def rock_policy(self) -> TokenPolicy:

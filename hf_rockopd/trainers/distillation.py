@@ -19,7 +19,7 @@ from trl.import_utils import is_vllm_available
 
 from ..console import quiet_training
 from ..engine import LossPlan, Projection, build_policy, check_supported_setup
-from ..engine.weighting import project_rows
+from ..engine.sharding import check_fsdp_accelerator, fsdp_requested
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
@@ -30,7 +30,13 @@ from .distillation_config import RockDistillationConfig
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["VLLM_INSTALL", "RockDistillationTrainer", "check_prompt_columns", "check_vllm_available"]
+__all__ = [
+    "VLLM_INSTALL",
+    "RockDistillationTrainer",
+    "check_prompt_columns",
+    "check_vllm_available",
+    "check_vllm_sharding",
+]
 
 VLLM_INSTALL = 'pip install "trl[vllm]"'
 
@@ -62,6 +68,29 @@ def check_vllm_available(use_vllm: bool) -> None:
         raise ImportError(
             "use_vllm=True needs vLLM, which is not installed here. Install it with "
             f"`{VLLM_INSTALL}` (Linux with a CUDA GPU), or leave use_vllm off to generate with transformers."
+        )
+
+
+def check_vllm_sharding(args: Any) -> None:
+    """`ValueError` for vLLM generation under FSDP2, before any model loads: that combination has not been run.
+
+    The generation and the weight sync would be TRL's, unchanged (`VLLMGeneration.sync_weights` gathers each FSDP2
+    parameter with `full_tensor` before loading it into vLLM), but vLLM needs a CUDA GPU and this project's FSDP2 runs
+    are on CPU, so it is refused rather than claimed.
+
+    Example:
+    ```python
+    >>> from types import SimpleNamespace
+    >>> from hf_rockopd.trainers.distillation import check_vllm_sharding
+    >>> check_vllm_sharding(SimpleNamespace(use_vllm=True, vllm_mode="colocate", fsdp=""))  # vLLM without FSDP: fine
+    ```
+    """
+    if args.use_vllm and fsdp_requested(args):
+        raise ValueError(
+            f"RockDistillationTrainer has not been run with vLLM generation (vllm_mode={args.vllm_mode!r}) under "
+            "FSDP2: TRL's weight sync from the sharded student to vLLM needs CUDA GPUs, and this project's FSDP2 runs are on "
+            "CPU. Generate with vLLM on one process or with DDP (drop fsdp/fsdp_config), or under FSDP2 with "
+            "transformers' generation (use_vllm=False)."
         )
 
 
@@ -106,7 +135,8 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
     positions of tool results (`tool_mask == 0`) are never weighted. The loss is `Σ weight · divergence / normalizer`
     (see [`RockDistillationConfig`]); hidden states are projected through the heads only where the weight is > 0,
     `loss_chunk_size` rows at a time. With `rock_policy="uniform"` the loss and its gradients are
-    `DistillationTrainer`'s.
+    `DistillationTrainer`'s. Under FSDP2 (`fsdp_config={"version": 2}`) the teacher is sharded like the student, as in
+    `RockOPDTrainer` (`hf_rockopd.engine.sharding`); vLLM generation under FSDP2 is refused (not run).
 
     Args:
         model, teacher_model, train_dataset, eval_dataset, processing_class, callbacks, optimizers, quantization_config,
@@ -161,7 +191,10 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
             processing_class,
         )
         check_vllm_available(args.use_vllm)
-        check_supported_setup(args, "RockDistillationTrainer")
+        check_supported_setup(
+            args, "RockDistillationTrainer", fsdp2=True, peft=peft_config is not None or hasattr(model, "peft_config")
+        )
+        check_vllm_sharding(args)
         model_name = getattr(getattr(model, "config", None), "_name_or_path", "")
         if processing_class is None and not isinstance(model, str) and not model_name:
             # TRL would load the tokenizer from the model's name, which a model built in code does not have.
@@ -196,6 +229,9 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 peft_config=peft_config,
                 tools=tools,
             )
+        check_fsdp_accelerator(args, self.accelerator, "RockDistillationTrainer")
+        if self.accelerator.is_fsdp2:
+            self._prepare_fsdp2()
         self._attach_rock_engine(args, policy, student_eos=self.eos_token_ids, served_teacher=served)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -255,7 +291,7 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
             needed = torch.zeros_like(attention_mask, dtype=torch.bool)
             needed[:, -keep:] = plan.grad_rows | plan.probe_rows
             targets = self.rock_engine.topk_targets(input_ids, attention_mask, needed, plan.batch.step)
-            return self.rock_engine.project_topk(student, student_hidden, targets[:, -keep:], plan)
+            return self.rock_engine.project_hidden(plan, student_hidden, targets[:, -keep:], student)
         self.teacher_model.eval()
         teacher = self.accelerator.unwrap_model(self.teacher_model)
         with torch.no_grad():
@@ -273,15 +309,8 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
         # With a model split over devices (`device_map`), the last layer may sit elsewhere than the head.
         student_device = student.get_output_embeddings().weight.device
         teacher_device = teacher.get_output_embeddings().weight.device
-        return project_rows(
-            plan,
-            student_hidden.to(student_device),
-            teacher_hidden.to(teacher_device),
-            student,
-            teacher,
-            beta=self.args.beta,
-            temperature=self.args.loss_temperature,
-            chunk_size=self.args.loss_chunk_size,
+        return self.rock_engine.project_hidden(
+            plan, student_hidden.to(student_device), teacher_hidden.to(teacher_device), student
         )
 
     def _log_entropy(self, projection: Projection, mode: str) -> None:

@@ -17,7 +17,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..console import quiet_training
 from ..engine import build_policy, check_supported_setup
-from ..engine.sharding import check_fsdp_accelerator, fsdp_mesh, fsdp_requested, shard_teacher
+from ..engine.sharding import check_fsdp_accelerator
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
@@ -132,7 +132,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
             "RockOPDTrainer", RockOPDConfig, model, teacher_model, args, train_dataset, processing_class
         )
         refuse_prediction_hooks("RockOPDTrainer", compute_metrics, preprocess_logits_for_metrics)
-        check_supported_setup(args, fsdp2=True)
+        check_supported_setup(args, fsdp2=True, peft=peft_config is not None or hasattr(model, "peft_config"))
         if data_collator is None:
             if processing_class is None:
                 raise ValueError(
@@ -151,8 +151,6 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         # A served teacher is reached and probed before any model loads, too.
         served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
         if served is not None:
-            if fsdp_requested(args):
-                raise ValueError("A served teacher under FSDP has not been run; use one process or DDP.")
             teacher_model = _ServedTeacherStandIn(model)
 
         if isinstance(teacher_model, str):
@@ -199,22 +197,6 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         self._attach_rock_engine(args, policy, student_eos=self.generation_config.eos_token_id, served_teacher=served)
         self._accumulation_batches: list[dict[str, Any]] = []
         self._accumulation_num_items: torch.Tensor | None = None
-
-    def _prepare_fsdp2(self) -> None:
-        """Shard the teacher like the student, and make every rank generate in step.
-
-        accelerate's `prepare_model(evaluation_mode=True)` (GKDTrainer's teacher preparation) does not shard under
-        FSDP: each rank would keep the full teacher, on the CPU it was loaded on while the student is on the GPU
-        (TRL issue 2580, https://github.com/huggingface/trl/issues/2580). The student is sharded later, by
-        accelerate at `train()`, on the same default mesh.
-        """
-        self.teacher_model = shard_teacher(self.teacher_model, fsdp_mesh(self.accelerator))
-        # Sharded layers all-gather in every forward, so a rank whose completions all ended must keep stepping until
-        # every rank's have: transformers' `generate` does so (`synced_gpus`) for models it marks FSDP-managed, and
-        # accelerate's `fully_shard` does not mark them.
-        for module in self.model.modules():
-            if isinstance(module, PreTrainedModel):
-                module._is_fsdp_managed_module = True
 
     # -------------------------------------------------------------------------------------------- generation ----
     def get_batch_samples(self, epoch_iterator, num_batches, device):

@@ -1,9 +1,10 @@
 """Per-rank memory of a 2-process FSDP2 run against a 1-process run, on models large enough to show the teacher.
 
-    python tests/scripts/fsdp_memory.py OUT          # runs both and prints the ratios (a benchmark, not a test)
+    python tests/scripts/fsdp_memory.py OUT [gkd|distillation]   # runs both and prints the ratios (a benchmark)
 
-Each run trains `RockOPDTrainer` for 2 steps (dataset completions, `lmbda=0`) with a ~57M-parameter teacher (hidden
-1024, 6 layers) and a ~10M-parameter student (hidden 512, 4 layers), float32, on CPU. Reported per rank:
+Each run trains `RockOPDTrainer` (`gkd`, the default: dataset completions, `lmbda=0`) or `RockDistillationTrainer`
+(`distillation`: greedy completions) for 2 steps with a ~57M-parameter teacher (hidden 1024, 6 layers) and a
+~10M-parameter student (hidden 512, 4 layers), float32, on CPU. Reported per rank:
 
 - the bytes of the tensors each rank holds after training: teacher parameters, student parameters and optimizer state
   (local shards under FSDP2): exact, independent of the allocator (gradients are freed after each step);
@@ -37,33 +38,27 @@ def _bytes(tensors) -> int:
     return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors if t is not None)
 
 
-def run(output_dir: str, mode: str) -> None:
+def run(output_dir: str, mode: str, kind: str = "gkd") -> None:
     import torch
-    from datasets import Dataset
 
     sys.path.insert(0, SCRIPTS)
-    from fsdp_train import POLICY_KWARGS, CpuFsdp2Trainer
+    from fsdp_train import POLICY_KWARGS, TRAINERS, cpu_fsdp2, make_config, make_dataset
 
-    from hf_rockopd import RockOPDConfig
     from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 
     torch.manual_seed(0)
     tokenizer = build_tiny_tokenizer()
-    dataset = Dataset.from_list(
-        [{"messages": [{"role": "user", "content": f"What is {i} + {i + 1}?"},
-                       {"role": "assistant", "content": f"{2 * i + 1} is the sum of the two"}]} for i in range(16)]
-    )
     fsdp = mode == "fsdp"
-    args = RockOPDConfig(
-        output_dir=output_dir, per_device_train_batch_size=2 if fsdp else 4, max_steps=2, lmbda=0.0,
+    args = make_config(
+        kind, output_dir, 0.0, 8, per_device_train_batch_size=2 if fsdp else 4, max_steps=2,
         logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, use_cpu=True, bf16=False,
         fsdp=fsdp, fsdp_config={"version": 2} if fsdp else None, rock_policy="rock_online",
         rock_policy_kwargs=POLICY_KWARGS,
     )
-    trainer = CpuFsdp2Trainer(
+    trainer = cpu_fsdp2(TRAINERS[kind][0])(
         model=build_tiny_causal_lm(tokenizer, hidden_size=512, num_hidden_layers=4, seed=0),
         teacher_model=build_tiny_causal_lm(tokenizer, hidden_size=1024, num_hidden_layers=6, seed=1),
-        args=args, train_dataset=dataset, processing_class=tokenizer,
+        args=args, train_dataset=make_dataset(kind, 16, answer="is the sum of the two"), processing_class=tokenizer,
     )
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM, the peak resident size
@@ -86,14 +81,14 @@ def run(output_dir: str, mode: str) -> None:
     trainer.accelerator.end_training()
 
 
-def main(output_dir: str) -> None:
+def main(output_dir: str, kind: str = "gkd") -> None:
     os.makedirs(output_dir, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     me = os.path.abspath(__file__)
-    subprocess.run([sys.executable, me, output_dir, "single"], env=env, check=True)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", me, output_dir, "fsdp"],
-                   env=env, check=True)
+    subprocess.run([sys.executable, me, output_dir, "single", kind], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", me, output_dir, "fsdp",
+                    kind], env=env, check=True)
     def load(name):
         with open(os.path.join(output_dir, name)) as f:
             return json.load(f)
@@ -109,7 +104,7 @@ def main(output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3:
-        run(sys.argv[1], sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[2] in ("single", "fsdp"):
+        run(*sys.argv[1:])
     else:
-        main(sys.argv[1])
+        main(*sys.argv[1:])

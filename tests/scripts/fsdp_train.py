@@ -1,20 +1,26 @@
-"""Train RockOPDTrainer with `rock_online` on tiny models under FSDP2 (two gloo processes) or on one process.
+"""Train a rock-token trainer with `rock_online` on tiny models under FSDP2 (two gloo processes) or on one process.
 
-    torchrun --nproc_per_node 2 tests/scripts/fsdp_train.py OUT fsdp [--lmbda L] [--steps N] [--save-every K]
-                                                                     [--kill-at S] [--resume CKPT] [--lora]
+    torchrun --nproc_per_node 2 tests/scripts/fsdp_train.py OUT fsdp [--kind gkd|distillation] [--lmbda L]
+                                  [--steps N] [--save-every K] [--kill-at S] [--resume CKPT] [--lora]
     python tests/scripts/fsdp_train.py OUT single ...   # one process, the two ranks' batches as one global batch
+
+`--kind gkd` (the default) trains `RockOPDTrainer` on `messages`, `--kind distillation` `RockDistillationTrainer` on
+`prompt`s. `--lmbda 0` makes both runs see the same completions: the dataset's for `gkd`; greedy decoding for
+`distillation`, which is always on-policy (sampling would draw other tokens on 2 ranks than on 1). `--lmbda 1`
+samples on-policy for both.
 
 The FSDP2 run goes through the Trainer's own FSDP path: `fsdp=True, fsdp_config={"version": 2}`, accelerate's FSDP2
 preparation of the student (`fully_shard` per decoder layer, embedding, final norm + head, root), its FSDP checkpoint
-saving and loading, and `RockOPDTrainer`'s sharded teacher. One thing is patched, here only: accelerate 1.16 turns
-FSDP on for GPU-like devices only and silently sets a CPU run up as DDP (`MULTI_CPU`), so `CpuFsdp2Trainer` switches
-the accelerator state to FSDP with the plugin the Trainer built from `fsdp_config`, before anything is prepared.
+saving and loading, and the trainer's sharded teacher. One thing is patched, here only: accelerate 1.16 turns FSDP
+on for GPU-like devices only and silently sets a CPU run up as DDP (`MULTI_CPU`), so [`cpu_fsdp2`] switches the
+accelerator state to FSDP with the plugin the Trainer built from `fsdp_config`, before anything is prepared.
 
 Each rank writes `OUT/rank<k>.pt`: the loss history, the rock set after each step, the policy state, the full student
 weights (gathered from the shards), what each teacher parameter is on that rank, and where it wrote `rock_tokens.json`.
 """
 
 import argparse
+import functools
 import os
 import signal
 
@@ -24,7 +30,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from hf_rockopd import RockOPDConfig, RockOPDTrainer
+from hf_rockopd import RockDistillationConfig, RockDistillationTrainer, RockOPDConfig, RockOPDTrainer
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 
 # Refresh every step after one warm-up step, with loose thresholds so tiny models produce a non-empty rock set.
@@ -32,22 +38,49 @@ POLICY_KWARGS = dict(top_k=8, min_count=1, exclude_top_frequent=2, warmup_steps=
                      persistence=1, stagnation_tol=10.0)
 PER_RANK_BATCH = 2
 WORLD = 2
+TRAINERS = {"gkd": (RockOPDTrainer, RockOPDConfig), "distillation": (RockDistillationTrainer, RockDistillationConfig)}
 
 
-class CpuFsdp2Trainer(RockOPDTrainer):
-    """RockOPDTrainer whose accelerator runs FSDP2 on CPU (test-only: see the module docstring)."""
+@functools.cache
+def cpu_fsdp2(base: type) -> type:
+    """`base` (a rock-token trainer) whose accelerator runs FSDP2 on CPU (test-only: see the module docstring)."""
 
-    def create_accelerator_and_postprocess(self):
-        super().create_accelerator_and_postprocess()
-        from accelerate.state import PartialState
-        from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    class CpuFsdp2Trainer(base):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            from accelerate.state import PartialState
+            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-        state = self.accelerator.state
-        if self.args.fsdp and state.distributed_type == DistributedType.MULTI_CPU:
-            # Both shared states: a later `PartialState()` (the Trainer makes some) must not turn it back.
-            state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-            state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
-            self.is_fsdp_enabled = True
+            state = self.accelerator.state
+            if self.args.fsdp and state.distributed_type == DistributedType.MULTI_CPU:
+                # Both shared states: a later `PartialState()` (the Trainer makes some) must not turn it back.
+                state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+                state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+                self.is_fsdp_enabled = True
+
+    CpuFsdp2Trainer.__name__ = CpuFsdp2Trainer.__qualname__ = f"CpuFsdp2{base.__name__}"
+    return CpuFsdp2Trainer
+
+
+def make_dataset(kind: str, n: int = 32, answer: str = "is the sum") -> Dataset:
+    """Questions `What is i + (i+1)?`: as chats with the answer for `gkd`, as prompts for `distillation`."""
+    rows = []
+    for i in range(n):
+        question = [{"role": "user", "content": f"What is {i} + {i + 1}?"}]
+        if kind == "gkd":
+            rows.append({"messages": [*question, {"role": "assistant", "content": f"{2 * i + 1} {answer}"}]})
+        else:
+            rows.append({"prompt": question})
+    return Dataset.from_list(rows)
+
+
+def make_config(kind: str, output_dir: str, lmbda: float, completion_tokens: int, **settings):
+    """The kind's config with the same settings; `lmbda` as the module docstring says."""
+    config_class = TRAINERS[kind][1]
+    if kind == "gkd":
+        return config_class(output_dir=output_dir, lmbda=lmbda, max_new_tokens=completion_tokens, **settings)
+    greedy = {"generation_kwargs": {"do_sample": False}} if lmbda == 0 else {}
+    return config_class(output_dir=output_dir, max_completion_length=completion_tokens, **greedy, **settings)
 
 
 class Record(TrainerCallback):
@@ -130,11 +163,19 @@ def full_weights(model):
 
 
 def teacher_shards(teacher):
+    """What each teacher parameter is on this rank: an FSDP2 shard (`dtensor`), a ZeRO-3 partition (`zero3`: its
+    local partition in `local`, the whole in `full`) or a whole tensor."""
     from torch.distributed.tensor import DTensor
 
+    def local(p):
+        if hasattr(p, "ds_tensor"):
+            return p.ds_tensor.numel()
+        return (p.to_local() if isinstance(p, DTensor) else p).numel()
+
     return {
-        name: {"dtensor": isinstance(p, DTensor), "local": (p.to_local() if isinstance(p, DTensor) else p).numel(),
-               "full": p.numel(), "shape": tuple(p.shape), "requires_grad": p.requires_grad}
+        name: {"dtensor": isinstance(p, DTensor), "zero3": hasattr(p, "ds_tensor"), "local": local(p),
+               "full": getattr(p, "ds_numel", p.numel()), "shape": tuple(getattr(p, "ds_shape", p.shape)),
+               "requires_grad": p.requires_grad}
         for name, p in teacher.named_parameters()
     }
 
@@ -143,6 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir")
     parser.add_argument("mode", choices=["fsdp", "single", "deepspeed"])
+    parser.add_argument("--kind", choices=sorted(TRAINERS), default="gkd")
     parser.add_argument("--zero", type=int, default=2)
     parser.add_argument("--lmbda", type=float, default=0.0)
     parser.add_argument("--steps", type=int, default=2)
@@ -156,13 +198,7 @@ def main() -> None:
     torch.manual_seed(0)
     head_paths = record_head_paths()
     tokenizer = build_tiny_tokenizer()
-    dataset = Dataset.from_list(
-        [
-            {"messages": [{"role": "user", "content": f"What is {i} + {i + 1}?"},
-                          {"role": "assistant", "content": f"{2 * i + 1} is the sum"}]}
-            for i in range(32)
-        ]
-    )
+    dataset = make_dataset(cli.kind)
     fsdp = cli.mode == "fsdp"
     sharded = cli.mode != "single"
     deepspeed = None
@@ -171,12 +207,13 @@ def main() -> None:
         deepspeed = {"zero_optimization": {"stage": cli.zero}, "bf16": {"enabled": False}, "fp16": {"enabled": False},
                      "train_micro_batch_size_per_gpu": "auto",
                      "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
-    args = RockOPDConfig(
-        output_dir=cli.output_dir,
+    args = make_config(
+        cli.kind,
+        cli.output_dir,
+        cli.lmbda,
+        8,
         per_device_train_batch_size=PER_RANK_BATCH if sharded else PER_RANK_BATCH * WORLD,
         max_steps=cli.steps,
-        max_new_tokens=8,
-        lmbda=cli.lmbda,
         learning_rate=1e-2,
         optim=cli.optim,
         logging_steps=1,
@@ -200,7 +237,7 @@ def main() -> None:
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     record = Record()
     record.kill_at = cli.kill_at
-    trainer = CpuFsdp2Trainer(
+    trainer = cpu_fsdp2(TRAINERS[cli.kind][0])(
         model=build_tiny_causal_lm(tokenizer, seed=0),
         teacher_model=build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3),
         args=args,
@@ -230,6 +267,7 @@ def main() -> None:
         "student": full_weights(trainer.model),
         "teacher_shards": shards_before,
         "teacher_shards_after": teacher_shards(trainer.teacher_model),
+        "student_zero3": all(hasattr(p, "ds_tensor") for p in trainer.model.parameters()),
         "rock_token_writes": writes,
         "global_step": trainer.state.global_step,
         "head_paths": head_paths,
