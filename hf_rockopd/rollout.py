@@ -45,7 +45,7 @@ Chat = list[dict[str, str]]
 
 
 def as_chat(prompt: Any) -> Chat:
-    """A prompt as chat messages: a string is one user message, a `(messages, gold)` problem its messages.
+    """A prompt as chat messages: a string is one user message, a `(messages, reference)` problem its messages.
 
     Example:
     ```python
@@ -56,8 +56,8 @@ def as_chat(prompt: Any) -> Chat:
     """
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    # A chat's items are message dicts, never numbers, so a pair ending in a number is a problem.
-    if isinstance(prompt, (tuple, list)) and len(prompt) == 2 and isinstance(prompt[1], (int, float)):
+    # A chat's items are message dicts, never numbers or strings, so a pair ending in a reference answer is a problem.
+    if isinstance(prompt, (tuple, list)) and len(prompt) == 2 and isinstance(prompt[1], (int, float, str)):
         return list(prompt[0])
     return list(prompt)
 

@@ -26,7 +26,7 @@ result.save("rock_set.json")  # loadable by the `rock_freeze` policy as is
 ```
 """
 
-from ..gsm8k import extract_numeric_answer
+from ..answers import verify_answer
 from .categories import DISCOURSE_WORDS, ROCK_CATEGORIES, category_table, token_category, token_label
 from .collect import collect_token_table
 from .gradients import gradient_cosines, gradient_geometry
@@ -69,7 +69,6 @@ __all__ = [
     "collect_token_table",
     "compare_token_tables",
     "comparison_groups",
-    "extract_numeric_answer",
     "gradient_cosines",
     "gradient_geometry",
     "knockout",
@@ -81,6 +80,7 @@ __all__ = [
     "rare_high_divergence_ids",
     "score_token_table",
     "stability_sweep",
+    "verify_answer",
     "token_category",
     "token_label",
 ]
