@@ -140,3 +140,13 @@ def test_bad_verifier_names_the_choices():
         verify_answer("\\boxed{1}", "1", "exact")
     with pytest.raises(TypeError, match="string"):
         extract_answer(None)
+
+
+def test_commands_check_the_verifier_before_loading():
+    from hf_rockopd.commands.evaluate import EvalArguments
+    from hf_rockopd.commands.lab import KnockoutArguments
+
+    with pytest.raises(ValueError, match="verifier must be one of"):
+        EvalArguments(model="m", problems="p.jsonl", verifier="exact")
+    with pytest.raises(ValueError, match="knockout measures accuracy"):
+        KnockoutArguments(model="m", problems="p.jsonl", rock_set="r.json", verifier="none")

@@ -1,10 +1,11 @@
-"""`hf-rockopd eval`: GSM8K accuracy (with its interval and the teacher's as the ceiling), text quality (finished
+"""`hf-rockopd eval`: accuracy (math-verify, `--verifier`) (with its interval and the teacher's as the ceiling), text quality (finished
 answers, loops, repetition), the teacher-forced divergence on the teacher's own completions and the on-policy one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..answers import VERIFIERS, check_verifier
 from .loading import LoadingArguments, load_model, load_problems, load_tokenizer
 from .parsing import Command, check_at_least, check_range
 
@@ -55,8 +56,18 @@ class EvalArguments:
     records: bool = field(
         default=False, metadata={"help": "Also write per-problem records (answers, texts) to --out."}
     )
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math (final answers, \\boxed{}), gsm8k ('#### n' "
+                  "references), none (no accuracy).", "choices": list(VERIFIERS)},
+    )
+    last_number: bool = field(
+        default=False,
+        metadata={"help": "Credit the last number of a finished answer without a final-answer marker (never a cut one)."},
+    )
 
     def __post_init__(self):
+        check_verifier(self.verifier)
         check_at_least(self, "limit", "max_new_tokens", "batch_size")
         check_range(self, "beta", 0, 1)
         check_range(self, "temperature", 0, float("inf"), low_open=True, high_open=True)
@@ -84,6 +95,7 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     result = evaluate_gsm8k(
         model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=args.rock_set,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
+        verifier=args.verifier, last_number=args.last_number,
     )
     result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
                            rock_set=args.rock_set, teacher_reference_file=args.teacher_reference)

@@ -188,9 +188,15 @@ class KnockoutArguments:
     alpha: float = field(default=0.05, metadata={"help": "False-discovery rate of the BH verdicts."})
     seed: int = field(default=0, metadata={"help": "Seed of the bootstrap."})
     out: str | None = field(default=None, metadata={"help": "CSV of the verdicts."})
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math or gsm8k.", "choices": ["math", "gsm8k"]},
+    )
 
     def __post_init__(self):
         check_at_least(self, "top", "limit", "max_new_tokens", "batch_size", "resamples")
+        if self.verifier not in ("math", "gsm8k"):
+            raise ValueError(f"verifier must be 'math' or 'gsm8k' (the knockout measures accuracy), got {self.verifier!r}.")
         check_range(self, "alpha", 0, 1, low_open=True, high_open=True)
 
 
@@ -315,7 +321,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]
     frame = _lab().knockout(
         model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed, show_progress=True,
+        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed, show_progress=True, verifier=args.verifier,
     )
     _print_frame(frame, args.out)
     counts = frame["verdict"].value_counts()
