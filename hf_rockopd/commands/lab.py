@@ -62,6 +62,11 @@ class SelectionArguments:
 
     min_count: int = field(default=2, metadata={"help": "Ids seen fewer times are ineligible (paper: 2)."})
     exclude_top_frequent: int = field(default=5, metadata={"help": "Most frequent ids dropped (paper: 5)."})
+    allow_special_tokens: bool = field(
+        default=False,
+        metadata={"help": "Let stop and control tokens (eos, pad, <|im_end|>, ...) be rocks; research only: freezing "
+                  "the stop token unteaches stopping."},
+    )
 
     def __post_init__(self):
         check_at_least(self, "min_count", "exclude_top_frequent", minimum=0)
@@ -251,6 +256,7 @@ def score(args: ScoreArguments, selection: SelectionArguments) -> int:
     result = lab.score_token_table(
         table, top_k=None if args.coverage is not None else args.top_k, min_count=selection.min_count,
         exclude_top_frequent=selection.exclude_top_frequent, coverage=args.coverage,
+        allow_special_tokens=selection.allow_special_tokens,
     )
     result.save(args.out)
     rocks = result.scores[result.scores["is_rock"]].head(args.show)
@@ -270,7 +276,7 @@ def stability(args: StabilityArguments, selection: SelectionArguments) -> int:
     frame, k = lab.stability_sweep(
         lab.load_token_table(args.table), ks=args.ks, subcorpus_sizes=args.sizes, repeats=args.repeats,
         min_count=selection.min_count, exclude_top_frequent=selection.exclude_top_frequent,
-        threshold=args.threshold, seed=args.seed,
+        threshold=args.threshold, seed=args.seed, allow_special_tokens=selection.allow_special_tokens,
     )
     _print_frame(frame, args.out)
     print(f"recommended K (mean Jaccard >= {args.threshold} at every sub-corpus size): {k}")
@@ -350,6 +356,8 @@ def report(args: ReportArguments, selection: SelectionArguments) -> int:
             coverage=coverage,
             min_count=int(chosen.get("min_count", selection.min_count)),
             exclude_top_frequent=int(chosen.get("exclude_top_frequent", selection.exclude_top_frequent)),
+            # A rock set scored before stop tokens were excluded records none: rescore it as it was made.
+            exclude_ids=[int(i) for i in chosen.get("excluded_ids", [])],
         )
         if result.rock_ids != payload["token_ids"]:
             raise ValueError(
@@ -360,6 +368,7 @@ def report(args: ReportArguments, selection: SelectionArguments) -> int:
         result = lab.score_token_table(
             table, top_k=None if args.coverage is not None else args.top_k, coverage=args.coverage,
             min_count=selection.min_count, exclude_top_frequent=selection.exclude_top_frequent,
+            allow_special_tokens=selection.allow_special_tokens,
         )
     built = build_report(table, args.out, score=result, late_table=args.late, knockout=args.knockout,
                          top_n=args.show, seed=args.seed, title=args.title)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import torch
 
 from ..losses import logit_grad_norm, per_token_divergence, per_token_entropy
-from ..modeling import check_same_vocabulary
+from ..modeling import check_same_vocabulary, special_token_ids
 from ..rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
 from .gradients import gradient_cosines
 from .table import GRAD_COSINE_FILE, part_name, prepare_table_dir, write_part
@@ -118,6 +118,8 @@ def collect_token_table(
         "seed": seed,
         "max_new_tokens": max_new_tokens,
         "num_prompts": len(prompts),
+        # The stop and control ids, which `score_token_table` never selects as rocks by default.
+        "special_ids": special_token_ids(tokenizer, student),
     }
     prepare_table_dir(output_dir, meta)
     starts = list(range(0, len(prompts), batch_size))
