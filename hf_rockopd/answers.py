@@ -173,7 +173,9 @@ def reference_answer(reference: Any, verifier: str = "math") -> str:
     """
     check_verifier(verifier)
     if isinstance(reference, bool) or not isinstance(reference, (str, int, float)):
-        raise TypeError(f"A reference answer is a string or a number, got {type(reference).__name__}: {reference!r:.80}.")
+        raise TypeError(
+            f"A reference answer is a string or a number, got {type(reference).__name__}: {reference!r:.80}."
+        )
     if isinstance(reference, (int, float)):
         return str(int(reference)) if float(reference).is_integer() else repr(float(reference))
     text = reference.strip()
@@ -243,7 +245,7 @@ def grade_completion(
     completion: str, reference: Any, verifier: str = "math", *, cut: bool = False, last_number: bool = False
 ) -> tuple[str | None, bool | None]:
     """`(prediction, correct)` of one completion: the extracted answer's text (None without a final answer) and
-    whether it is right (None for `verifier="none"`; a completion without an answer is wrong, `False`).
+    whether it is right (None for `verifier="none"` or no reference; a completion without an answer is wrong).
 
     The one grading rule of evaluation, teacher reference and knockout. `cut`: the completion hit the token limit; the
     last-number fallback (`last_number`) never applies to it.
@@ -256,7 +258,8 @@ def grade_completion(
     ```
     """
     check_verifier(verifier)
-    gold = None if verifier == "none" else _parsed_reference(reference_answer(reference, verifier))
+    # No reference (a prompt-only dataset): nothing to grade; the evaluation refuses it unless the verifier is none.
+    gold = None if verifier == "none" or reference is None else _parsed_reference(reference_answer(reference, verifier))
     predicted = extract_answer(completion, last_number=last_number and not cut)
     prediction = None if predicted is None else str(predicted[-1])
     if gold is None:

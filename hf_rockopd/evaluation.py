@@ -26,9 +26,9 @@ worse. Beside them, measures a degenerate student cannot fool:
 Example:
 ```python
 from hf_rockopd.evaluation import evaluate_gsm8k
-from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.data import load_problems
 
-problems = load_gsm8k_problems("gsm8k/train.jsonl", limit=32, tail=True)  # or "openai/gsm8k", or a Dataset
+problems = load_problems("HuggingFaceH4/MATH-500", split="test", limit=32)  # any dataset in TRL's formats
 reference = load_or_build_teacher_reference("run/teacher_reference.json", teacher, tokenizer, problems)
 result = evaluate_gsm8k(student, tokenizer, problems, teacher=teacher, teacher_reference=reference,
                         rock_ids="run/rock_tokens.json")
@@ -227,7 +227,9 @@ def _check_problems(problems: Sequence[Problem], verifier: str = "none") -> None
     if len(problems) == 0:
         raise ValueError("No problem to evaluate. Give at least one (messages, reference) problem (see load_problems).")
     for index, problem in enumerate(problems):
-        if not (isinstance(problem, (tuple, list)) and len(problem) == 2 and isinstance(problem[1], (int, float, str))):
+        pair = isinstance(problem, (tuple, list)) and len(problem) == 2
+        # No reference is fine when no accuracy is scored (a prompt-only dataset).
+        if not pair or not (isinstance(problem[1], (int, float, str)) or (problem[1] is None and verifier == "none")):
             raise ValueError(
                 f"Problem {index} is {problem!r:.80}; a problem is a (messages, reference answer) pair, as "
                 "load_problems returns."
@@ -441,7 +443,8 @@ def evaluate_gsm8k(
     Args:
         model: the student.
         tokenizer: its tokenizer (shared with the teacher); its chat template formats the questions.
-        problems: `(messages, gold)` pairs (`load_gsm8k_problems`).
+        problems: `(messages, reference)` pairs (`hf_rockopd.data.load_problems`); a reference may be None with
+            `verifier="none"`.
         teacher: the teacher; without one only accuracy, text quality and lengths are measured.
         teacher_reference: the teacher's completions of `problems` (`teacher_reference.TeacherReference`, or the path
             of its JSON file), made with this tokenizer and `max_new_tokens` (else a `ValueError`). With a teacher and
@@ -463,7 +466,7 @@ def evaluate_gsm8k(
 
     Example:
     ```python
-    result = evaluate_gsm8k(student, tokenizer, load_gsm8k_problems("gsm8k.jsonl", limit=32, tail=True),
+    result = evaluate_gsm8k(student, tokenizer, load_problems("openai/gsm8k", limit=32, tail=True),
                             teacher=teacher, rock_ids="run/rock_tokens.json", max_new_tokens=256)
     print(result.accuracy, result.teacher_forced_divergence, result.loop_rate, result.mean_divergence)
     ```

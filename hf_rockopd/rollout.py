@@ -57,7 +57,8 @@ def as_chat(prompt: Any) -> Chat:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     # A chat's items are message dicts, never numbers or strings, so a pair ending in a reference answer is a problem.
-    if isinstance(prompt, (tuple, list)) and len(prompt) == 2 and isinstance(prompt[1], (int, float, str)):
+    pair = isinstance(prompt, (tuple, list)) and len(prompt) == 2
+    if pair and (prompt[1] is None or isinstance(prompt[1], (int, float, str))):
         return list(prompt[0])
     return list(prompt)
 

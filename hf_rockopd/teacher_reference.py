@@ -86,7 +86,7 @@ def problems_fingerprint(problems: Sequence[Problem]) -> str:
     ```
     """
     # A number keeps the float form older files were keyed with; a text reference (MATH, chat data) is kept as text.
-    return _sha256([[as_chat(p), p[1] if isinstance(p[1], str) else float(p[1])] for p in problems])
+    return _sha256([[as_chat(p), p[1] if p[1] is None or isinstance(p[1], str) else float(p[1])] for p in problems])
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -268,9 +268,14 @@ def test_cli_eval_writes_json_that_reads_back(tmp_path, tokenizer, student, teac
     assert result.mean_divergence == pytest.approx(direct.mean_divergence, abs=1e-6)
     assert result.accuracy == direct.accuracy and result.num_tokens == direct.num_tokens
 
-    missing = _write_jsonl(tmp_path / "q.jsonl", [{"question": "q", "solution": "#### 1"}])
-    assert main(["eval", "--model", str(tmp_path / "student"), "--problems", str(missing)]) == 2
-    assert "no column ['answer']" in capsys.readouterr().err
+    # Columns that fit no format, and a reference the verifier cannot read: errors before any model loads.
+    missing = _write_jsonl(tmp_path / "q.jsonl", [{"text": "q", "label": "#### 1"}])
+    assert main(["eval", "--model", str(tmp_path / "missing-model"), "--problems", str(missing)]) == 2
+    assert "fit none of the formats" in capsys.readouterr().err
+    wrong = _write_jsonl(tmp_path / "w.jsonl", [{"question": "q", "answer": "seven"}])
+    argv = ["eval", "--model", str(tmp_path / "missing-model"), "--problems", str(wrong), "--verifier", "gsm8k"]
+    assert main(argv) == 2
+    assert "Problem 0 of" in capsys.readouterr().err
 
 
 def test_with_rock_ids_fills_in_the_rock_figures_without_scoring_again(tokenizer, student, teacher):

@@ -52,9 +52,10 @@ from trl import get_peft_config
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
 from ..commands.parsing import Command
-from ..distill import StudentModelConfig, load_gsm8k_split, student_model_config
+from ..answers import reference_answer
+from ..data import split_dataset
+from ..distill import StudentModelConfig, student_model_config
 from ..evaluation import evaluate_gsm8k
-from ..gsm8k import load_gsm8k_problems
 from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
@@ -272,7 +273,7 @@ def _evaluate(model, teacher, tokenizer, problems, reference, ablate, args: Rock
     result = evaluate_gsm8k(
         model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=rock_set,
         max_new_tokens=ablate.eval_max_new_tokens, batch_size=ablate.eval_batch_size, beta=args.beta,
-        temperature=args.loss_temperature, show_progress=False,
+        temperature=args.loss_temperature, show_progress=False, verifier=ablate.verifier,
     )
     stop_ids, numeric = eos_token_ids(tokenizer, model), numeric_token_ids(tokenizer)
     lengths = [r["num_tokens"] for r in result.records]
@@ -420,10 +421,19 @@ def run_ablation(
     peft_config = get_peft_config(model_args)
     if ablate.rock_set is not None:
         load_rock_set(ablate.rock_set)
-    train, held_out = load_gsm8k_split(
+    data = split_dataset(
         ablate.dataset, ablate.num_train_prompts, ablate.num_eval_problems, seed=ablate.split_seed,
-        config=ablate.dataset_config, system_prompt=ablate.system_prompt,
+        config=ablate.dataset_config, split=ablate.dataset_split, prompt_column=ablate.prompt_column,
+        answer_column=ablate.answer_column, system_prompt=ablate.system_prompt, eval_dataset=ablate.eval_dataset,
+        eval_config=ablate.eval_dataset_config, eval_split=ablate.eval_dataset_split,
     )
+    train, problems = data.train, data.problems
+    for index, (_, reference) in enumerate(problems):  # an unreadable reference fails before the teacher loads
+        try:
+            reference_answer("" if reference is None else reference, ablate.verifier)
+        except ValueError as err:
+            raise ValueError(f"Held-out problem {index} of {data.eval_location!r}: {err} (--answer_column names "
+                             "the reference column)") from None
     # Every policy's options are checked now, with the paths its rock set will have (the options check types and
     # ranges, not files), so a bad --policy_kwargs value fails before the teacher loads.
     rocks_to_be = _rock_paths(root) if ablate.needs_rocks() else None
@@ -441,7 +451,6 @@ def run_ablation(
     trained = []
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
-        problems = load_gsm8k_problems(held_out, system_prompt=ablate.system_prompt)
         start = student
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .loading import LoadingArguments, load_model, load_problems, load_tokenizer
+from .loading import LoadingArguments, check_references, load_model, load_problems, load_tokenizer
 from .parsing import Command, check_at_least, check_range
 
 __all__ = [
@@ -178,7 +178,7 @@ class KnockoutArguments:
 
     model: str = field(metadata={"help": "The model to evaluate (directory or Hub id)."})
     problems: str = field(
-        metadata={"help": "JSON lines with `question` and `answer` (GSM8K, gold after ####), or openai/gsm8k."}
+        metadata={"help": "Hub id or local file (JSONL, JSON, Parquet, CSV) in TRL's formats, with reference answers."}
     )
     rock_set: str = field(metadata={"help": "rock_set.json whose first --top ids are banned."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
@@ -201,7 +201,9 @@ class KnockoutArguments:
     def __post_init__(self):
         check_at_least(self, "top", "limit", "max_new_tokens", "batch_size", "resamples")
         if self.verifier not in ("math", "gsm8k"):
-            raise ValueError(f"verifier must be 'math' or 'gsm8k' (the knockout measures accuracy), got {self.verifier!r}.")
+            raise ValueError(
+                f"verifier must be 'math' or 'gsm8k' (the knockout measures accuracy), got {self.verifier!r}."
+            )
         check_range(self, "alpha", 0, 1, low_open=True, high_open=True)
 
 
@@ -322,6 +324,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     from ..rock_set import load_rock_set
 
     problems = load_problems(args.problems, limit=args.limit, system_prompt=args.system_prompt)
+    check_references(problems, args.verifier, args.problems)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)
     ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]

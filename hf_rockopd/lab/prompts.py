@@ -1,4 +1,4 @@
-"""Prompt loading for the lab: chat prompts for `collect_token_table`, GSM8K problems for `knockout`.
+"""Prompt loading for the lab: chat prompts for `collect_token_table`, problems for `knockout` (`hf_rockopd.data`).
 
 Both read JSON lines with `hf_rockopd.gsm8k.read_jsonl`, the package's one reader.
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..gsm8k import check_system_prompt, load_gsm8k_problems, question_messages, read_jsonl
+from ..data import load_problems
+from ..gsm8k import check_system_prompt, question_messages, read_jsonl
 
 
 __all__ = ["load_problems", "load_prompts"]
 
-# One GSM8K loader for the knockout and `hf-rockopd eval`: this name is kept for scripts written against it.
-load_problems = load_gsm8k_problems
+# One problem loader for the knockout and `hf-rockopd eval` (any dataset in TRL's formats): `hf_rockopd.data`'s.
 
 
 def load_prompts(
