@@ -202,3 +202,10 @@ def test_math500_from_the_shared_copy(monkeypatch):
 
 def test_resolver_module_documents_its_order():
     assert "HF_ROCKOPD_DATA_DIR" in resolve_module.__doc__ and "../shared/data" in resolve_module.__doc__
+
+
+def test_lab_prompts_from_any_dataset(tmp_path):
+    from hf_rockopd.lab import load_prompts
+
+    path = _write(tmp_path / "data.parquet", ROWS["prompt_chat"] * 2)
+    assert load_prompts(str(path), limit=1) == [[USER]]

@@ -78,7 +78,9 @@ class CollectArguments:
 
     student: str = field(metadata={"help": "Student model directory or Hub id."})
     teacher: str = field(metadata={"help": "Teacher model directory or Hub id (same tokenizer)."})
-    prompts: str = field(metadata={"help": "JSON lines with `messages`, `prompt` or `question`."})
+    prompts: str = field(
+        metadata={"help": "JSON lines with `messages`, `prompt` or `question`, or any dataset (Parquet, CSV, Hub id)."}
+    )
     out: str = field(metadata={"help": "Token-table directory (resumable)."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the student's)."})
     prompt_field: str | None = field(default=None, metadata={"help": "The column holding the prompt."})

@@ -29,7 +29,8 @@ def load_prompts(
     field_name: str | None = None,
     system_prompt: str | None = None,
 ) -> list[Any]:
-    """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K).
+    """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K); any
+    other dataset (a Parquet, CSV or JSON file, a folder, a Hub id) is read by `hf_rockopd.data.load_problems`.
 
     Returns chat message lists (`[{"role": "user", "content": ...}]`), the form `collect_token_table` takes.
     `system_prompt` opens each chat that has no system turn of its own (`hf_rockopd.gsm8k.question_messages`), as
@@ -46,6 +47,9 @@ def load_prompts(
     ```
     """
     check_system_prompt(system_prompt)  # before the file is read
+    if not str(path).lower().endswith(".jsonl"):
+        problems = load_problems(path, limit=limit, prompt_column=field_name, system_prompt=system_prompt)
+        return [chat for chat, _ in problems]
     fields = [field_name] if field_name else ["messages", "prompt", "question"]
     prompts: list[Any] = []
     for line_no, row in read_jsonl(path, limit):
