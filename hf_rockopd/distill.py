@@ -22,12 +22,12 @@ import torch
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config
 
-from .commands.parsing import check_at_least
+from .checks import check_at_least
 from .console import PhaseLog, quiet_training
 from .student_config import StudentModelConfig, quantization_config, student_model_config
-from .answers import VERIFIERS, check_verifier, reference_answer
+from .evaluation.answers import VERIFIERS, check_verifier, reference_answer
 from .data import DataSplit, split_dataset
-from .gsm8k import check_system_prompt
+from .data.chat import check_system_prompt
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,
@@ -45,7 +45,29 @@ from .trainers.distillation import check_vllm_available
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DistillArguments", "DistillResult", "StudentModelConfig", "load_distill_data", "run_distillation"]
+__all__ = ["DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "DistillArguments", "DistillResult", "StudentModelConfig", "load_distill_data", "run_distillation"]
+
+
+# Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
+# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
+DEFAULT_TRAINING_ARGS: dict[str, Any] = {
+    "output_dir": "runs/smollm2-rockopd",
+    "max_steps": 20,
+    "per_device_train_batch_size": 4,
+    "learning_rate": 5e-5,
+    "lr_scheduler_type": "constant",
+    "max_new_tokens": 96,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    # TRL's SFT default recomputes activations in backward; a 135M student needs no such memory saving on CPU.
+    "gradient_checkpointing": False,
+    "rock_policy": "rock_online",
+}
+# `rock_online`'s own defaults (20 warm-up steps, refresh every 10) never fire in a 24-step run; used only when the
+# policy is rock_online and no kwargs are given, so `--rock_policy uniform` needs no `--rock_policy_kwargs {}`;
+# `--policy.X` flags are merged over them.
+DEFAULT_ROCK_ONLINE_KWARGS: dict[str, Any] = {"warmup_steps": 6, "refresh_every": 3, "persistence": 2, "top_k": 50}
 
 
 @dataclass
@@ -312,7 +334,7 @@ def _load_models(
 def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
     """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
     "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
-    from .teacher_reference import (
+    from .evaluation.teacher_reference import (
         TEACHER_REFERENCE_NAME,
         load_or_build_teacher_reference,
     )
@@ -330,7 +352,7 @@ def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, a
 
 
 def _evaluate(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
-    from .evaluation import evaluate_gsm8k
+    from .evaluation.evaluate import evaluate_gsm8k
 
     return evaluate_gsm8k(
         model,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import ModelConfig, get_quantization_config
 
-from .commands.parsing import check_at_least, check_range
+from .checks import check_at_least, check_range
 
 __all__ = ["StudentModelConfig", "quantization_config", "student_model_config"]
 

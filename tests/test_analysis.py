@@ -348,10 +348,14 @@ def test_verify_answer_and_load_problems(tmp_path):
     assert verify_answer("The answer is -3 degrees", -3.0) and verify_answer("no number", "1") is None
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"question": "Q", "answer": "1 + 1 = 2\n#### 2"}) + "\n" + json.dumps({"question": "Q"}))
-    # The knockout reads problems with the evaluation's loader: a row without a `####` gold answer is named.
-    with pytest.raises(ValueError, match="row 1: .*got NoneType"):
-        load_problems(path)
-    assert load_problems(path, limit=1) == [([{"role": "user", "content": "Q"}], "1 + 1 = 2\n#### 2")]
+    # The knockout reads problems with the evaluation's loader; a row without a reference is named by the command's
+    # check, before any model loads.
+    problems = load_problems(path)
+    assert problems == [([{"role": "user", "content": "Q"}], "1 + 1 = 2\n#### 2"), ([{"role": "user", "content": "Q"}], None)]
+    from hf_rockopd.commands.loading import check_references
+
+    with pytest.raises(ValueError, match="Problem 1 of 'p.jsonl' has no reference answer"):
+        check_references(problems, "math", "p.jsonl")
 
 
 def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch, tmp_path):

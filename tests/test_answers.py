@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from hf_rockopd.answers import check_verifier, extract_answer, reference_answer, verify_answer  # noqa: E402
+from hf_rockopd.evaluation.answers import check_verifier, extract_answer, reference_answer, verify_answer  # noqa: E402
 
 GSM8K_GOLD = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
 

@@ -11,11 +11,11 @@ from datasets import Dataset
 from hf_rockopd import lab as analysis
 from hf_rockopd.cli import main
 from hf_rockopd.evaluation import EvalResult, evaluate_completions, evaluate_gsm8k, format_results_table
-from hf_rockopd.answers import reference_answer
+from hf_rockopd.evaluation.answers import reference_answer
 from hf_rockopd.gsm8k import load_gsm8k_problems
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.rollout import encode_prompts, score_completions
+from hf_rockopd.evaluation.rollout import encode_prompts, score_completions
 
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -150,7 +150,7 @@ def test_scores_do_not_depend_on_padding(tokenizer, student, teacher):
 
 
 def test_scoring_chunks_bound_rows_and_positions():
-    from hf_rockopd.rollout import _SCORE_POSITIONS, _score_chunks
+    from hf_rockopd.evaluation.rollout import _SCORE_POSITIONS, _score_chunks
 
     lengths = [10, 10, _SCORE_POSITIONS // 2, _SCORE_POSITIONS // 2, _SCORE_POSITIONS * 2, 3, 3, 3]
     chunks = _score_chunks([[0] * n for n in lengths], batch_size=3)
@@ -307,7 +307,7 @@ def test_quality_metrics_and_per_problem_records(tokenizer, student, teacher):
 
 def test_scoring_chunks_shrink_with_the_vocabulary():
     """The position budget is in logit entries: a 3x larger vocabulary scores about a third of the positions at once."""
-    from hf_rockopd.rollout import _SCORE_ENTRIES, _score_chunks
+    from hf_rockopd.evaluation.rollout import _SCORE_ENTRIES, _score_chunks
 
     qwen_positions = _SCORE_ENTRIES // 151_936
     assert 600 < qwen_positions < 700

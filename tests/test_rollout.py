@@ -1,14 +1,14 @@
-"""hf_rockopd.rollout is the one way to generate and score: evaluation, the lab's collect and the knockout agree on the
+"""hf_rockopd.evaluation.rollout is the one way to generate and score: evaluation, the lab's collect and the knockout agree on the
 same prompts, and every stop id of the generation config ends a completion everywhere. Tiny offline models only."""
 
 import numpy as np
 import pytest
 
 from hf_rockopd.evaluation import evaluate_gsm8k
-from hf_rockopd.answers import verify_answer
+from hf_rockopd.evaluation.answers import verify_answer
 from hf_rockopd.lab import collect_token_table, load_token_table, token_knockout
 from hf_rockopd.modeling import cut_at_eos, eos_token_ids
-from hf_rockopd.rollout import generate_completions
+from hf_rockopd.evaluation.rollout import generate_completions
 
 
 # Prompts of different lengths, so batches are left-padded.
@@ -81,7 +81,7 @@ def test_generation_progress_moves_per_token(monkeypatch):
     import tqdm.auto
 
     from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    from hf_rockopd.rollout import generate_completions
+    from hf_rockopd.evaluation.rollout import generate_completions
 
     bars = []
 

@@ -12,11 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
+from ..distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
 from ..data.resolve import DEFAULT_CONFIGS
-from ..gsm8k import check_system_prompt
+from ..data.chat import check_system_prompt
 from ..models import SMOLLM2_ID
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig

@@ -36,11 +36,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shlex
 import shutil
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,20 +48,18 @@ from transformers.utils import logging
 from trl import get_peft_config
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
-from ..commands.parsing import Command
-from ..answers import reference_answer
+from ..evaluation.answers import reference_answer
 from ..data import split_dataset
 from ..distill import StudentModelConfig, student_model_config
-from ..evaluation import evaluate_gsm8k
+from ..evaluation.evaluate import evaluate_gsm8k
 from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
-from ..quality import numeric_token_ids
+from ..evaluation.quality import numeric_token_ids
 from ..rock_set import load_rock_set
-from ..teacher_reference import load_or_build_teacher_reference
+from ..evaluation.teacher_reference import load_or_build_teacher_reference
 from ..trainers import RockOPDConfig
 from .arguments import (
-    DEFAULT_TRAINING_ARGS,
     AblateArguments,
     check_training_budget,
     training_fingerprint,
@@ -74,7 +69,7 @@ from .measures import problem_quality, run_quality
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ABLATE", "COMMANDS", "RESULT_NAME", "main", "parse_arguments", "run_ablation", "run_directory"]
+__all__ = ["RESULT_NAME", "run_ablation", "run_directory"]
 
 RESULT_NAME = "result.json"
 RESULT_FORMAT = "hf_rockopd.ablate.run"
@@ -484,51 +479,3 @@ def _eta(started: float, done: int, total: int) -> str:
         return ""
     left = (time.perf_counter() - started) / done * (total - done)
     return f"; {done} done, about {left / 60:.0f} min left" if left >= 60 else f"; {done} done, about {left:.0f} s left"
-
-
-def ablate(
-    ablate_args: AblateArguments, args: RockOPDConfig, model_args: StudentModelConfig, *, argv: list[str]
-) -> int:
-    """Run `hf-rockopd ablate` and print the summary table and where its files are."""
-    out = run_ablation(ablate_args, args, command=shlex.join(["hf-rockopd", "ablate", *argv]), model_args=model_args)
-    summary = out["summary"]
-    print(f"\ntrained {len(out['trained'])} run(s); finished ones are skipped.\n")
-    print(summary["markdown"])
-    for name, path in summary["files"].items():
-        print(f"{name + ':':7s}{path}")
-    return 0
-
-
-ABLATE = Command(
-    "ablate",
-    "the paper's token-policy ablation: policies x seeds at one budget, resumable, compared with uniform",
-    (AblateArguments, RockOPDConfig, StudentModelConfig),
-    ablate,
-    defaults=DEFAULT_TRAINING_ARGS,
-    with_argv=True,
-)
-COMMANDS = (ABLATE,)
-
-
-def parse_arguments(
-    argv: Sequence[str] | None = None,
-) -> tuple[AblateArguments, RockOPDConfig, StudentModelConfig]:
-    """Parse `hf-rockopd ablate` options (flags, and a YAML file given with `--config`; flags win).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.ablate.runner import parse_arguments
-    >>> ablate, args, model_args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1",
-    ...                                             "--max_steps", "4", "--use_peft", "--lora_r", "8"])
-    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir, model_args.use_peft, model_args.lora_r
-    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate', True, 8)
-    ```
-    """
-    ablate_args, args, model_args = ABLATE.parse(list(sys.argv[1:] if argv is None else argv))
-    check_training_budget(args)
-    return ablate_args, args, model_args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hf-rockopd ablate` (options as in [`parse_arguments`]); the dispatcher runs `ABLATE`."""
-    return ABLATE(list(sys.argv[1:] if argv is None else argv))

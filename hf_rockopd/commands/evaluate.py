@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..answers import VERIFIERS, check_verifier
+from ..evaluation.answers import VERIFIERS, check_verifier
 from .loading import LoadingArguments, check_references, load_model, load_problems, load_tokenizer
 from .parsing import Command, check_at_least, check_range
 
@@ -83,8 +83,8 @@ class EvalArguments:
 
 def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     """Run `eval`: print the results table, and write it to `--out`."""
-    from ..evaluation import evaluate_gsm8k
-    from ..teacher_reference import load_or_build_teacher_reference
+    from ..evaluation.evaluate import evaluate_gsm8k
+    from ..evaluation.teacher_reference import load_or_build_teacher_reference
 
     problems = load_problems(
         args.problems, limit=args.limit, tail=args.tail, config=args.dataset_config, split=args.split,

@@ -66,7 +66,7 @@ def load_problems(source: Any, **kwargs: Any) -> list:
 
 def check_references(problems: list, verifier: str, where: str) -> None:
     """Raise `ValueError` naming the problem unless `verifier` can read every reference (`none` reads none)."""
-    from ..answers import reference_answer
+    from ..evaluation.answers import reference_answer
 
     if verifier == "none":
         return

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..gsm8k import Problem, check_system_prompt, question_messages
+from .chat import Problem, check_system_prompt, question_messages
 
 __all__ = ["ANSWER_COLUMNS", "FORMATS", "QUESTION_COLUMNS", "DataColumns", "detect_columns", "row_problem",
            "row_training_messages"]

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..gsm8k import Problem, check_system_prompt
+from .chat import Problem, check_system_prompt
 from .formats import DataColumns, detect_columns, row_problem, row_training_messages
 from .resolve import ResolvedDataset, resolve_dataset
 

@@ -3,7 +3,7 @@
 Each step reads and writes plain files, so steps can be rerun and compared (arXiv 2605.09253, §3-§4):
 
 - `collect_token_table` (`lab.collect`): roll out prompts with the student and score every generated token against the
-  teacher with the training divergence (through `hf_rockopd.rollout`, as evaluation does), into a *token table*
+  teacher with the training divergence (through `hf_rockopd.evaluation.rollout`, as evaluation does), into a *token table*
   (`lab.table`: one row per generated token, Parquet parts in a directory; `load_token_table` reads it).
 - `score_token_table` (`lab.selection`): the Rock Score `R(v) = Freq(v) · mean divergence` per type and the paper's
   selection; `stability_sweep` (Jaccard of sub-corpora's top-K, to pick K); `matched_controls` (a random id set matched
@@ -26,7 +26,7 @@ result.save("rock_set.json")  # loadable by the `rock_freeze` policy as is
 ```
 """
 
-from ..answers import verify_answer
+from ..evaluation.answers import verify_answer
 from .categories import DISCOURSE_WORDS, ROCK_CATEGORIES, category_table, token_category, token_label
 from .collect import collect_token_table
 from .gradients import gradient_cosines, gradient_geometry

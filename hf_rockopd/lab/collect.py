@@ -1,6 +1,6 @@
 """Collect a token table: roll out prompts with the student, score every generated token against the teacher.
 
-Generation and scoring are `hf_rockopd.rollout`'s (the ones evaluation uses), so a collected completion and its
+Generation and scoring are `hf_rockopd.evaluation.rollout`'s (the ones evaluation uses), so a collected completion and its
 divergence are what `evaluate_gsm8k` would produce for the same prompt; the file format is `lab.table`'s.
 
 Example:
@@ -21,7 +21,7 @@ import torch
 
 from ..losses import logit_grad_norm, per_token_divergence, per_token_entropy
 from ..modeling import check_same_vocabulary, special_token_ids
-from ..rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
+from ..evaluation.rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
 from .gradients import gradient_cosines
 from .table import GRAD_COSINE_FILE, part_name, prepare_table_dir, write_part
 

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..data import load_problems
-from ..gsm8k import check_system_prompt, question_messages, read_jsonl
+from ..data.chat import check_system_prompt, question_messages, read_jsonl
 
 
 __all__ = ["load_problems", "load_prompts"]

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..answers import check_verifier, grade_completion
-from ..gsm8k import Problem
+from ..evaluation.answers import check_verifier, grade_completion
+from ..data.chat import Problem
 from ..modeling import vocab_size
-from ..rollout import generate_completions
+from ..evaluation.rollout import generate_completions
 from .stats import benjamini_hochberg, paired_bootstrap
 
 

@@ -17,7 +17,7 @@ from hf_rockopd.distill import load_gsm8k_split
 from hf_rockopd.evaluation import evaluate_gsm8k, format_results_table
 from hf_rockopd.gsm8k import load_gsm8k_problems
 from hf_rockopd.models import resolve_causal_lm
-from hf_rockopd.teacher_reference import TeacherReference
+from hf_rockopd.evaluation.teacher_reference import TeacherReference
 
 reference_path, out_dir = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)

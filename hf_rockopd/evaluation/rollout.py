@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .losses import per_token_divergence
-from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
+from ..losses import per_token_divergence
+from ..modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 
 
 __all__ = [
@@ -49,7 +49,7 @@ def as_chat(prompt: Any) -> Chat:
 
     Example:
     ```python
-    >>> from hf_rockopd.rollout import as_chat
+    >>> from hf_rockopd.evaluation.rollout import as_chat
     >>> as_chat("1 + 1?"), as_chat(([{"role": "user", "content": "2 + 2?"}], 4.0))
     ([{'role': 'user', 'content': '1 + 1?'}], [{'role': 'user', 'content': '2 + 2?'}])
     ```
@@ -77,7 +77,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Any]) -> list[list[int]]:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.rollout import encode_prompts
+    >>> from hf_rockopd.evaluation.rollout import encode_prompts
     >>> tokenizer = build_tiny_tokenizer()
     >>> encode_prompts(tokenizer, ["hi"]) == encode_prompts(tokenizer, [([{"role": "user", "content": "hi"}], 0.0)])
     True
@@ -162,7 +162,7 @@ def generate_completions(
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.rollout import generate_completions
+    >>> from hf_rockopd.evaluation.rollout import generate_completions
     >>> tokenizer = build_tiny_tokenizer()
     >>> prompts, completions = generate_completions(build_tiny_causal_lm(tokenizer), tokenizer, ["hi", "2 + 2?"],
     ...                                             max_new_tokens=4, show_progress=False)

@@ -16,7 +16,7 @@ derivation whose last number happens to equal the gold is not an answer).
 
 Example:
 ```python
->>> from hf_rockopd.answers import verify_answer
+>>> from hf_rockopd.evaluation.answers import verify_answer
 >>> verify_answer("So she has \\\\boxed{72} dollars.", "#### 72", verifier="gsm8k")
 True
 >>> verify_answer("Half of it: \\\\boxed{0.5}", "\\\\frac{1}{2}"), verify_answer("Still computing 50 - 15", "35")
@@ -62,7 +62,7 @@ def check_verifier(verifier: str) -> None:
 
     Example:
     ```python
-    >>> from hf_rockopd.answers import check_verifier
+    >>> from hf_rockopd.evaluation.answers import check_verifier
     >>> check_verifier("math")
     >>> check_verifier("exact")
     Traceback (most recent call last):
@@ -131,7 +131,7 @@ def extract_answer(completion: str, *, last_number: bool = False) -> list[Any] |
 
     Example:
     ```python
-    >>> from hf_rockopd.answers import extract_answer
+    >>> from hf_rockopd.evaluation.answers import extract_answer
     >>> extract_answer("The answer is **42**.")[-1], extract_answer("so 50 - 15"), extract_answer("so 50 - 15", last_number=True)[-1]
     ('42', None, '15')
     ```
@@ -166,7 +166,7 @@ def reference_answer(reference: Any, verifier: str = "math") -> str:
 
     Example:
     ```python
-    >>> from hf_rockopd.answers import reference_answer
+    >>> from hf_rockopd.evaluation.answers import reference_answer
     >>> reference_answer("48/2 = 24 clips.\\n#### 72", "gsm8k"), reference_answer("so \\\\boxed{\\\\frac{1}{2}}.")
     ('72', '\\\\frac{1}{2}')
     ```
@@ -252,7 +252,7 @@ def grade_completion(
 
     Example:
     ```python
-    >>> from hf_rockopd.answers import grade_completion
+    >>> from hf_rockopd.evaluation.answers import grade_completion
     >>> grade_completion("The answer is 4.", "4"), grade_completion("2 + 2 = 4", "4", cut=True, last_number=True)
     (('4', True), (None, False))
     ```

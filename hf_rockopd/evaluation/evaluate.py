@@ -1,6 +1,6 @@
 """GSM8K evaluation of a student: accuracy, text quality, teacher-forced and on-policy divergence to the teacher.
 
-The student answers held-out problems greedily (`hf_rockopd.rollout.generate_completions`: batched, left-padded, chat
+The student answers held-out problems greedily (`hf_rockopd.evaluation.rollout.generate_completions`: batched, left-padded, chat
 template, KV cache). Its own completions are then scored (`rollout.score_completions`) the way training scores them: at every completion position, the full-vocabulary divergence
 (`hf_rockopd.losses.per_token_divergence`, TRL's `beta` convention, at the training temperature) between the student's
 and the teacher's distributions that predicted the generated token. The results:
@@ -18,9 +18,9 @@ worse. Beside them, measures a degenerate student cannot fool:
 
 - `accuracy_low` / `accuracy_high`: the accuracy's 95 % Wilson interval (`quality.accuracy_interval`);
 - `finished_rate`, `loop_rate`, `repeated_ngram_fraction`, `distinct_1`, `distinct_2`: the text itself
-  (`hf_rockopd.quality`): answers that end, completions containing a loop, repeated 4-grams, corpus distinct-n;
+  (`hf_rockopd.evaluation.quality`): answers that end, completions containing a loop, repeated 4-grams, corpus distinct-n;
 - `teacher_forced_divergence` / `teacher_forced_top1_agreement`: the student scored, with the same divergence, on the
-  teacher's own greedy completions of the same problems (`hf_rockopd.teacher_reference`), text it did not write;
+  teacher's own greedy completions of the same problems (`hf_rockopd.evaluation.teacher_reference`), text it did not write;
 - `teacher_accuracy` (with its interval): the teacher on the same problems, the ceiling.
 
 Example:
@@ -51,11 +51,11 @@ import torch
 from transformers.utils import logging
 
 from .answers import check_verifier, grade_completion, reference_answer, verify_answer
-from .gsm8k import Problem
-from .modeling import check_same_vocabulary, eos_token_ids, vocab_size
+from ..data.chat import Problem
+from ..modeling import check_same_vocabulary, eos_token_ids, vocab_size
 from .quality import completion_quality, numeric_token_ids, text_quality
-from .results_table import format_results_table
-from .rock_set import load_rock_set, validate_token_ids
+from .table import format_results_table
+from ..rock_set import load_rock_set, validate_token_ids
 from .rollout import generate_completions, pad_token_id, score_completions
 from .teacher_reference import TeacherReference, build_teacher_reference
 

@@ -14,7 +14,7 @@ naming what differs: a cache made with other settings is never silently reused.
 
 Example:
 ```python
-from hf_rockopd.teacher_reference import load_or_build_teacher_reference
+from hf_rockopd.evaluation.teacher_reference import load_or_build_teacher_reference
 
 reference = load_or_build_teacher_reference("run/teacher_reference.json", teacher, tokenizer, problems,
                                             teacher_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", max_new_tokens=256)
@@ -35,8 +35,8 @@ import torch
 from transformers.utils import logging
 
 from .answers import grade_completion
-from .gsm8k import Problem
-from .modeling import eos_token_ids
+from ..data.chat import Problem
+from ..modeling import eos_token_ids
 from .quality import Proportion, accuracy_interval
 from .rollout import as_chat, generate_completions
 
@@ -79,7 +79,7 @@ def problems_fingerprint(problems: Sequence[Problem]) -> str:
 
     Example:
     ```python
-    >>> from hf_rockopd.teacher_reference import problems_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import problems_fingerprint
     >>> a = [([{"role": "user", "content": "1 + 1?"}], 2.0)]
     >>> problems_fingerprint(a) == problems_fingerprint(list(a)), problems_fingerprint(a) == problems_fingerprint(a * 2)
     (True, False)
@@ -95,7 +95,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import tokenizer_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import tokenizer_fingerprint
     >>> len(tokenizer_fingerprint(build_tiny_tokenizer()))
     64
     ```
@@ -119,7 +119,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm
-    >>> from hf_rockopd.teacher_reference import model_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import model_fingerprint
     >>> model_fingerprint(build_tiny_causal_lm(seed=0)) == model_fingerprint(build_tiny_causal_lm(seed=1))
     False
     ```
@@ -153,7 +153,7 @@ class TeacherReference:
 
     Example:
     ```python
-    >>> from hf_rockopd.teacher_reference import TeacherReference
+    >>> from hf_rockopd.evaluation.teacher_reference import TeacherReference
     >>> r = TeacherReference(teacher="t", teacher_fingerprint="a", tokenizer_fingerprint="b", problems_fingerprint="c",
     ...                      max_new_tokens=8, stop_ids=[2], prompt_ids=[[1]], completion_ids=[[5, 2]],
     ...                      predictions=[4.0], correct=[True])
@@ -331,7 +331,7 @@ def build_teacher_reference(
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import build_teacher_reference
+    >>> from hf_rockopd.evaluation.teacher_reference import build_teacher_reference
     >>> tokenizer = build_tiny_tokenizer()
     >>> reference = build_teacher_reference(build_tiny_causal_lm(tokenizer), tokenizer,
     ...                                     [([{"role": "user", "content": "1 + 1?"}], 2.0)], max_new_tokens=4)
@@ -376,7 +376,7 @@ def load_or_build_teacher_reference(
     ```python
     >>> import tempfile, os
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import load_or_build_teacher_reference
+    >>> from hf_rockopd.evaluation.teacher_reference import load_or_build_teacher_reference
     >>> tokenizer, teacher = build_tiny_tokenizer(), build_tiny_causal_lm()
     >>> problems = [([{"role": "user", "content": "1 + 1?"}], 2.0)]
     >>> path = os.path.join(tempfile.mkdtemp(), "teacher_reference.json")
