@@ -84,7 +84,7 @@ def is_hub_id(name: str | None) -> bool:
     """
     if not name or "/" not in name or os.path.exists(name) or name.startswith((".", "~")):
         return False
-    if name.lower().endswith(_FILE_SUFFIXES):  # what distill reads as a file (load_gsm8k_split), run elsewhere
+    if name.lower().endswith(_FILE_SUFFIXES):  # what distill reads as a file (hf_rockopd.data), run elsewhere
         return False
     try:
         validate_repo_id(name)
@@ -149,7 +149,11 @@ def dataset_line(dataset: Mapping[str, Any]) -> str | None:
         shown = f"config `{config}`, " if config else ""
         where = f"`{hub_id}` ({shown}split `{dataset.get('split') or 'train'}`)"
     else:
-        where = f"a local JSONL file (`{os.path.basename(str(dataset['name']))}`)"
+        name = os.path.basename(os.path.normpath(str(dataset["name"])))
+        kind = {".jsonl": "JSONL file", ".json": "JSON file", ".parquet": "Parquet file", ".csv": "CSV file"}.get(
+            os.path.splitext(name)[1].lower(), "dataset"
+        )
+        where = f"a local {kind} (`{name}`)"
     sizes = []
     if dataset.get("num_train") is not None:
         sizes.append(f"{dataset['num_train']} training prompts")
