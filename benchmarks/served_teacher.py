@@ -40,7 +40,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from hf_rockopd import RockOPDConfig, RockOPDTrainer
-    from hf_rockopd.gsm8k import question_messages, read_jsonl
+    from hf_rockopd.data.chat import question_messages, read_jsonl
     from hf_rockopd.models import resolve_causal_lm
 
     student = resolve_causal_lm(args.student)

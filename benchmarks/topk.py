@@ -48,7 +48,7 @@ def _lora_student(student: torch.nn.Module, r: int, alpha: int) -> tuple[torch.n
 def _problems(path: str | None, kind: str, limit: int, seed: int) -> list[list[dict[str, str]]]:
     """Chats of `limit` prompts: GSM8K's held-out tail (as `hf-rockopd distill` holds it out), or a seeded draw of
     MATH-500."""
-    from hf_rockopd.gsm8k import question_messages, read_jsonl
+    from hf_rockopd.data.chat import question_messages, read_jsonl
 
     if path is None:
         return []
@@ -62,7 +62,7 @@ def _problems(path: str | None, kind: str, limit: int, seed: int) -> list[list[d
 
 def _rollouts(out: Path, name: str, student, tokenizer, prompts, max_new_tokens: int, seed: int) -> dict[str, Any]:
     """The student's sampled completions (temperature 1, as on-policy training samples), cached in `out`."""
-    from hf_rockopd.rollout import generate_completions
+    from hf_rockopd.evaluation.rollout import generate_completions
 
     path = out / f"rollouts_{name}.json"
     if path.exists():
@@ -111,7 +111,7 @@ def measure_batch(student, lora_params, teacher, tokenizer, prompt_ids, completi
     """Per-token divergences (full and per k), losses and LoRA-gradient cosines of one batch."""
     from hf_rockopd.losses import chunked_weighted_loss
     from hf_rockopd.modeling import backbone, logits_fn
-    from hf_rockopd.rollout import pack_completions, pad_token_id
+    from hf_rockopd.evaluation.rollout import pack_completions, pad_token_id
     from hf_rockopd.teachers.sources import topk_with_own_token
 
     ids, mask, prompt_len = pack_completions(prompt_ids, completion_ids, pad_token_id(tokenizer))

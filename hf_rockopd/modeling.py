@@ -158,3 +158,33 @@ def cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
         if token in eos_ids:
             return ids[: position + 1]
     return ids
+
+
+def special_token_ids(tokenizer: Any, model: nn.Module | None = None) -> list[int]:
+    """The ids a rock-token selection never picks by default: stop and control tokens, sorted.
+
+    Freezing the stop token removes the only signal that teaches the student when to stop, and control tokens are
+    template structure, not content. The ids: the stop ids (`eos_token_ids`: the generation config's list, else the
+    tokenizer's eos), pad, bos, every special token of the tokenizer (`all_special_ids`, the added tokens marked
+    special) and every added token the chat template writes (Qwen's `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`).
+
+    Example:
+        >>> from hf_rockopd.models import build_tiny_tokenizer
+        >>> special_token_ids(build_tiny_tokenizer())  # <|im_end|>, <pad>, <|im_start|>
+        [256, 257, 258]
+    """
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+    ids = set(eos_token_ids(tokenizer, model))
+    for name in ("pad_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            ids.add(int(value))
+    ids.update(int(i) for i in getattr(tokenizer, "all_special_ids", []) or [])
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # named templates ("default", "tool_use", ...)
+        template = " ".join(map(str, template.values()))
+    for token_id, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        content = getattr(token, "content", str(token))
+        if getattr(token, "special", False) or (content and content in template):
+            ids.add(int(token_id))
+    return sorted(ids)

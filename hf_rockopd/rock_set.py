@@ -58,6 +58,7 @@ def select_rock_tokens(
     top_k: int = 100,
     min_count: int = 2,
     exclude_top_frequent: int = 5,
+    exclude_ids: Sequence[int] = (),
 ) -> tuple[list[int], torch.Tensor]:
     """The paper's selection: drop rare and the most frequent types, keep the `top_k` highest Rock Scores.
 
@@ -67,6 +68,9 @@ def select_rock_tokens(
         top_k (`int`): size of the selection.
         min_count (`int`): ids seen fewer times are ineligible.
         exclude_top_frequent (`int`): the this-many most frequent ids are ineligible.
+        exclude_ids (`Sequence[int]`): ids that are never selected, whatever their score: the policies pass the
+            tokenizer's stop and control tokens (`modeling.special_token_ids`), since freezing the stop token removes
+            the signal that teaches the student when to stop. They still count among the most frequent.
 
     Returns:
         `(ids, scores)`: the selected ids, best first, and the `(V,)` Rock Scores of all ids.
@@ -77,6 +81,8 @@ def select_rock_tokens(
     >>> from hf_rockopd.rock_set import select_rock_tokens
     >>> count = torch.tensor([100.0, 50.0, 10.0, 1.0]); div = torch.tensor([1.0, 0.1, 2.0, 9.0])
     >>> select_rock_tokens(count, div, top_k=2, min_count=2, exclude_top_frequent=1)[0]
+    [2, 1]
+    >>> select_rock_tokens(count, div, top_k=2, min_count=2, exclude_top_frequent=0, exclude_ids=[0])[0]
     [2, 1]
     ```
     """
@@ -95,6 +101,9 @@ def select_rock_tokens(
         # Ties are broken by id (stable sort) so every process picks the same ids from the same counts.
         order = torch.sort(-count, stable=True).indices
         eligible[order[:n_exclude]] = False
+    excluded = [int(i) for i in exclude_ids if 0 <= int(i) < len(eligible)]
+    if excluded:
+        eligible[excluded] = False
     masked = torch.where(eligible, scores, torch.full_like(scores, -math.inf))
     k = min(top_k, int(eligible.sum()))
     if k == 0:

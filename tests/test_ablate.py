@@ -9,7 +9,8 @@ import yaml
 
 from hf_rockopd.ablate import runner
 from hf_rockopd.ablate.arguments import AblateArguments
-from hf_rockopd.ablate.runner import parse_arguments
+from hf_rockopd.commands import ablate as command
+from hf_rockopd.commands.ablate import parse_arguments
 from hf_rockopd.ablate.summary import load_runs, run_outcomes, summarize, write_summary
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 
@@ -70,7 +71,7 @@ def no_training(monkeypatch):
 def test_warm_start_end_to_end_then_resume(pair, tmp_path, monkeypatch, capsys):
     out = tmp_path / "ablation"
     arguments = argv(pair, out, "--policies", "uniform", "rock_freeze", "--seeds", "0", "1")
-    assert runner.main(arguments) == 0
+    assert command.main(arguments) == 0
     printed = capsys.readouterr().out
     assert "| uniform | 2 |" in printed and "| rock_freeze | 2 |" in printed and "summary.png" in printed
 
@@ -211,7 +212,7 @@ def test_a_killed_warm_start_resumes_from_its_checkpoint(pair, tmp_path, monkeyp
 def test_bad_arguments_fail_before_models_and_leave_no_directory(pair, tmp_path, no_training, extra, error, message):
     out = tmp_path / "never"
     with pytest.raises(error, match=message):
-        runner.main(argv(pair, out, *extra))
+        command.main(argv(pair, out, *extra))
     assert not out.exists()
 
 

@@ -340,18 +340,22 @@ def test_collect_refuses_an_empty_corpus_and_mismatched_vocabularies(tmp_path, t
         load_prompts(empty)
 
 
-def test_extract_numeric_answer_and_load_problems(tmp_path):
-    from hf_rockopd.lab import extract_numeric_answer, load_problems
+def test_verify_answer_and_load_problems(tmp_path):
+    from hf_rockopd.lab import load_problems, verify_answer
 
-    assert extract_numeric_answer("Natalia sold 48/2 = 24 clips.\n#### 72") == 72.0
-    assert extract_numeric_answer("So the total is 1,250.5 dollars.") == 1250.5
-    assert extract_numeric_answer("-3 degrees") == -3.0 and extract_numeric_answer("no number") is None
+    assert verify_answer("Natalia sold 48/2 = 24 clips.\n#### 72", "#### 72", "gsm8k")
+    assert verify_answer("So the answer is 1,250.5 dollars.", "1250.5")
+    assert verify_answer("The answer is -3 degrees", -3.0) and verify_answer("no number", "1") is None
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"question": "Q", "answer": "1 + 1 = 2\n#### 2"}) + "\n" + json.dumps({"question": "Q"}))
-    # The knockout reads problems with the evaluation's loader: a row without a `####` gold answer is named.
-    with pytest.raises(ValueError, match="row 1: No gold answer in 'None'"):
-        load_problems(path)
-    assert load_problems(path, limit=1) == [([{"role": "user", "content": "Q"}], 2.0)]
+    # The knockout reads problems with the evaluation's loader; a row without a reference is named by the command's
+    # check, before any model loads.
+    problems = load_problems(path)
+    assert problems == [([{"role": "user", "content": "Q"}], "1 + 1 = 2\n#### 2"), ([{"role": "user", "content": "Q"}], None)]
+    from hf_rockopd.commands.loading import check_references
+
+    with pytest.raises(ValueError, match="Problem 1 of 'p.jsonl' has no reference answer"):
+        check_references(problems, "math", "p.jsonl")
 
 
 def test_knockout_bans_the_token_and_classifies(tokenizer, student, monkeypatch, tmp_path):

@@ -142,3 +142,29 @@ def test_policies_never_import_a_trainer():
 def test_cycle_detector_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_command_line_imports_commands():
+    """The library (every package, `distill`, the evaluation) never imports `commands/`: what a job and its command line
+    both need (option checks, default training settings) lives below both, so the ablation or the evaluation can be
+    used without the command line's parser."""
+    graph = _graph()
+    allowed = {"hf_rockopd.cli"}
+    offenders = [
+        f"{name} imports {target}"
+        for name, deps in graph.items()
+        if name not in allowed and not name.startswith("hf_rockopd.commands")
+        for target in deps
+        if target == "hf_rockopd.commands" or target.startswith("hf_rockopd.commands.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_evaluation_is_one_package():
+    """Rollout, answers, quality, loops, the teacher reference, the evaluation and its table live in
+    `hf_rockopd.evaluation`; the package root keeps the public API, `distill` and `cli`."""
+    modules = _modules()
+    for name in ("rollout", "answers", "quality", "loops", "teacher_reference", "evaluate", "table"):
+        assert f"hf_rockopd.evaluation.{name}" in modules
+        assert f"hf_rockopd.{name}" not in modules or name == "evaluate"
+    assert "hf_rockopd.results_table" not in modules

@@ -44,8 +44,8 @@ OLD_SPELLINGS = [
      "--max_new_tokens", {"rock_set": "r", "max_new_tokens": 4}),
     ("analyze report", ["t", "--rock-set", "r", "--top-k", "5"], "--top_k", {"rock_set": "r", "top_k": 5}),
     ("eval",
-     ["--model", "m", "--problems", "p", "--question-field", "q", "--answer-field", "a", "--batch-size", "2"],
-     "--question_field", {"question_field": "q", "answer_field": "a", "batch_size": 2}),
+     ["--model", "m", "--problems", "p", "--prompt-column", "q", "--answer-column", "a", "--batch-size", "2"],
+     "--prompt_column", {"prompt_column": "q", "answer_column": "a", "batch_size": 2}),
     ("card", ["run", "--model-id", "me/x"], "--model_id", {"run_dir": "run", "model_id": "me/x"}),
 ]
 
@@ -242,7 +242,7 @@ def test_4bit_quantization_config_is_the_old_one():
     pytest.importorskip("bitsandbytes")
     from transformers import BitsAndBytesConfig
 
-    from hf_rockopd.distill import _quantization_config
+    from hf_rockopd.student_config import quantization_config as _quantization_config
 
     _, _, model_args = parse_arguments(["--load_in_4bit"])
     old = BitsAndBytesConfig(

@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 from hf_rockopd import RockOPDConfig, distill
 from hf_rockopd.cli import main as cli_main
 from hf_rockopd.commands.distill import parse_arguments
-from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_gsm8k_split, run_distillation
+from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_distill_data, run_distillation
 from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
 from hf_rockopd.trainers.data import PromptTooLongError
 
@@ -97,7 +97,8 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run, capsys):
     assert report["student"]["kept_layers"] == [0, 3] and report["student"]["num_layers"] == 2
     assert report["student"]["adapter"] is False
     assert report["dataset"] == {
-        "name": script().dataset, "hub_id": None, "config": "main", "split": "train", "num_train": 8, "num_eval": 4,
+        "name": script().dataset, "hub_id": None, "config": None, "split": "train", "eval_dataset": None,
+        "prompt_column": None, "answer_column": None, "verifier": "math", "num_train": 8, "num_eval": 4,
         "system_prompt": None,
     }
     assert report["distill_args"]["num_train_prompts"] == 8 and report["hub_model_id"] is None
@@ -122,12 +123,11 @@ def test_full_student_run_writes_model_report_card_and_rocks(tiny_run, capsys):
     from transformers import AutoModelForCausalLM
 
     from hf_rockopd.evaluation import evaluate_gsm8k
-    from hf_rockopd.gsm8k import load_gsm8k_problems
 
     student = AutoModelForCausalLM.from_pretrained(run)
     teacher = AutoModelForCausalLM.from_pretrained(tmp_path / "teacher")
-    _, held_out = load_gsm8k_split(script().dataset, 8, 4, seed=args().seed)
-    again = evaluate_gsm8k(student, build_tiny_tokenizer(), load_gsm8k_problems(held_out), teacher=teacher,
+    problems = load_distill_data(script(), seed=args().seed).problems
+    again = evaluate_gsm8k(student, build_tiny_tokenizer(), problems, teacher=teacher,
                            max_new_tokens=8, batch_size=2, show_progress=False)
     assert again.mean_divergence == pytest.approx(report["eval"]["after"]["mean_divergence"], rel=1e-4)
     # Every answer is kept, before and after, with its text: what a reader checks for loops.
@@ -221,9 +221,14 @@ def no_model_loading(monkeypatch):
 def test_dataset_without_fields_fails_before_loading_models(tmp_path, tiny_run, no_model_loading):
     _, script, args = tiny_run
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"prompt": "2+2?", "solution": "4"}) + "\n")
-    with pytest.raises(ValueError, match=r"lacks the field\(s\) \['answer', 'question'\].*\['prompt', 'solution'\]"):
+    bad.write_text(json.dumps({"text": "2+2?", "label": "4"}) + "\n")
+    with pytest.raises(ValueError, match=r"columns \['text', 'label'\], which fit none of the formats"):
         run_distillation(script(dataset=str(bad)), args())
+    # A prompt-only dataset trains, but cannot be scored for accuracy: said before any model loads.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} + 2?"}) + "\n" for i in range(16)))
+    with pytest.raises(ValueError, match="has no reference answer.*--answer_column.*--verifier none"):
+        run_distillation(script(dataset=str(prompts)), args())
 
 
 def test_missing_dataset_file_and_too_few_rows(tmp_path, tiny_run, no_model_loading):
@@ -313,10 +318,10 @@ def test_two_steps_on_the_real_smollm2_pair(tmp_path):
 
 
 def test_example_config_is_the_embedded_default():
-    """examples/configs/distill_smollm2.yaml spells out the built-in defaults (plus the dataset path)."""
+    """examples/configs/distill_smollm2.yaml spells out the built-in defaults (its dataset is the Hub id, no path)."""
     config = os.path.join(os.path.dirname(__file__), "..", "examples", "configs", "distill_smollm2.yaml")
     script, args, model_args = parse_arguments(["--config", config])
-    default_script, default_args, default_model_args = parse_arguments(["--dataset", "../shared/data/gsm8k/train.jsonl"])
+    default_script, default_args, default_model_args = parse_arguments([])
     assert args.to_dict() == default_args.to_dict() and model_args == default_model_args
     assert script.student_num_layers == 24 and default_script.student_num_layers is None  # None means 24 for a copy
     script.student_num_layers = None
@@ -352,3 +357,16 @@ def test_bad_input_leaves_no_output_directory(tmp_path, tiny_run):
     with pytest.raises(PromptTooLongError):
         run_distillation(script(dataset=write_problems(tmp_path / "long.jsonl", long_question=True)), args(max_length=128))
     assert not out.exists()
+
+
+def test_prompt_only_chat_dataset_runs_with_verifier_none(tmp_path, tiny_run):
+    """A dataset of TRL's conversational `prompt` format without references: trains and evaluates every measure but
+    accuracy."""
+    _, script, args = tiny_run
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Say {i}."}]}) + "\n" for i in range(12)))
+    result = run_distillation(script(dataset=str(path), verifier="none", num_train_prompts=4, num_eval_problems=2),
+                              args(max_steps=1, rock_policy="uniform", rock_policy_kwargs={}))
+    after = result.report["eval"]["after"]
+    assert after["accuracy"] is None and after["num_problems"] == 2 and after["mean_divergence"] > 0
+    assert result.report["dataset"]["verifier"] == "none"

@@ -11,85 +11,29 @@ from datasets import Dataset
 from hf_rockopd import lab as analysis
 from hf_rockopd.cli import main
 from hf_rockopd.evaluation import EvalResult, evaluate_completions, evaluate_gsm8k, format_results_table
-from hf_rockopd.gsm8k import extract_numeric_answer, load_gsm8k_problems, parse_gold_answer
+from hf_rockopd.evaluation.answers import reference_answer
+from hf_rockopd.gsm8k import load_gsm8k_problems
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.rollout import encode_prompts, score_completions
+from hf_rockopd.evaluation.rollout import encode_prompts, score_completions
 
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("Natalia sold 48/2 = 24 clips in May.\n#### 72", 72.0),
-        ("#### 1,072", 1072.0),
-        ("#### -3", -3.0),
-        ("So she has 5 left. ####   18", 18.0),
-        ("The answer is 42", 42.0),
-        ("The answer is 5.", 5.0),
-        ("The final answer is: **42**.", 42.0),
-        ("answer: 7 apples, then 9 pears", 7.0),
-        ("Answer = 0.25 of the cake. Later 3 more.", 0.25),
-        ("The answer is 18 - 2 = 16 dollars", 16.0),
-        ("The answer is below.\n3 + 4 = 7", 7.0),
-        ("So x = \\boxed{1,234} and 5 more", 1234.0),
-        ("$\\boxed{\\frac{3}{4}}$", 0.75),
-        ("\\boxed{-12} is it; the answer is 3", -12.0),
-        ("So she earned $1,200.", 1200.0),
-        ("It costs $1,234.50 in total.", 1234.5),
-        ("She runs 12 km.", 12.0),
-        ("The share is 45%.", 45.0),
-        ("Temperature fell to -5 degrees", -5.0),
-        ("It fell to \u22125 degrees", -5.0),
-        ("He lost -$5 on it", -5.0),
-        ("10-3=7", 7.0),
-        ("He had 5 apples. 5 - 2 = 3 left", 3.0),
-        # A cut-off answer ending in a subtraction is not a negative number, nor is a hyphenated or spaced one.
-        ("we subtract: 50 - 15", 15.0),
-        ("5-3", 3.0),
-        ("(3) - 2", 2.0),
-        ("so 12 \u2212 7", 7.0),
-        ("The answer is -4 degrees", -4.0),
-        ("a loss of $-5", -5.0),
-        ("The city has 1 000 000 people", 1_000_000.0),
-        ("In total 2\u202f500 kg", 2500.0),
-        ("That is 3.75 hours", 3.75),
-        ("Only .5 of them", 0.5),
-        ("The numbers 3,4,5", 5.0),
-        ("Total = 1,2345", 2345.0),
-        ("I do not know.", None),
-        ("", None),
-        ("#### no number here", None),
-        ("\\boxed{x}", None),
-        ("The answer is unclear - sorry.", None),
-    ],
-)
-def test_extract_numeric_answer(text, expected):
-    assert extract_numeric_answer(text) == expected
+def test_analysis_uses_the_same_verifier():
+    from hf_rockopd.evaluation import verify_answer
 
-
-def test_analysis_uses_the_same_extraction():
-    assert analysis.extract_numeric_answer is extract_numeric_answer
-    with pytest.raises(TypeError, match="string"):
-        extract_numeric_answer(None)
-
-
-def test_parse_gold_answer():
-    assert parse_gold_answer("She has 3 + 4 = <<3+4=7>>7 toys.\n#### 7") == 7.0
-    assert parse_gold_answer("#### 1,000") == 1000.0
-    with pytest.raises(ValueError, match="#### <number>"):
-        parse_gold_answer("The answer is 7")
+    assert analysis.verify_answer is verify_answer
 
 
 @pytest.mark.skipif(not GSM8K.is_file(), reason="shared GSM8K data not present")
 def test_every_gsm8k_gold_answer_parses_and_tail_is_held_out():
     lines = [json.loads(line) for line in GSM8K.read_text(encoding="utf-8").splitlines() if line.strip()]
-    golds = [parse_gold_answer(row["answer"]) for row in lines]
+    golds = [reference_answer(row["answer"], "gsm8k") for row in lines]
     assert len(golds) == len(lines) > 7000
     tail = load_gsm8k_problems(GSM8K, limit=4, tail=True)
-    assert [gold for _, gold in tail] == golds[-4:]
+    assert [reference_answer(gold, "gsm8k") for _, gold in tail] == golds[-4:]
     assert tail[-1][0] == [{"role": "user", "content": lines[-1]["question"]}]
 
 
@@ -101,12 +45,12 @@ def _write_jsonl(path, rows):
 def test_load_problems_from_jsonl_and_dataset(tmp_path):
     rows = [{"question": f"q{i}", "answer": f"work\n#### {i * 10}"} for i in range(5)]
     path = _write_jsonl(tmp_path / "p.jsonl", rows)
-    assert [g for _, g in load_gsm8k_problems(path)] == [0.0, 10.0, 20.0, 30.0, 40.0]
-    assert [g for _, g in load_gsm8k_problems(path, limit=2)] == [0.0, 10.0]
+    assert [g for _, g in load_gsm8k_problems(path)] == [r["answer"] for r in rows]
+    assert [reference_answer(g, "gsm8k") for _, g in load_gsm8k_problems(path, limit=2)] == ["0", "10"]
     assert [m[0]["content"] for m, _ in load_gsm8k_problems(path, limit=2, tail=True)] == ["q3", "q4"]
     renamed = Dataset.from_list([{"problem": r["question"], "solution": r["answer"]} for r in rows])
     problems = load_gsm8k_problems(renamed, question_field="problem", answer_field="solution", limit=1)
-    assert problems == [([{"role": "user", "content": "q0"}], 0.0)]
+    assert problems == [([{"role": "user", "content": "q0"}], "work\n#### 0")]
 
 
 def test_load_problems_bad_input(tmp_path):
@@ -114,7 +58,7 @@ def test_load_problems_bad_input(tmp_path):
         load_gsm8k_problems(Dataset.from_list([{"question": "q", "solution": "#### 1"}]))
     with pytest.raises(ValueError, match="holds no problem"):
         load_gsm8k_problems(Dataset.from_dict({"question": [], "answer": []}))
-    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "7"}])
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "#### 1"}, {"question": "q", "answer": "seven"}])
     with pytest.raises(ValueError, match="row 1: No gold answer"):
         load_gsm8k_problems(bad)
     with pytest.raises(FileNotFoundError, match="No problem file"):
@@ -158,7 +102,8 @@ def test_metrics_on_crafted_completions(tokenizer, student, teacher):
         batch_size=3,
     )
     assert result.accuracy == 0.5
-    assert [r["prediction"] for r in result.records] == [4.0, 7.0, 8.0, None]
+    # "It is 8." has no final-answer marker: no prediction (the last-number fallback is off by default).
+    assert [r["prediction"] for r in result.records] == ["4", "7", None, None]
     # Only "two" has no eos and reaches max_new_tokens=3.
     assert result.clipped_ratio == 0.25
     lengths = [len(c) for c in completions]
@@ -205,7 +150,7 @@ def test_scores_do_not_depend_on_padding(tokenizer, student, teacher):
 
 
 def test_scoring_chunks_bound_rows_and_positions():
-    from hf_rockopd.rollout import _SCORE_POSITIONS, _score_chunks
+    from hf_rockopd.evaluation.rollout import _SCORE_POSITIONS, _score_chunks
 
     lengths = [10, 10, _SCORE_POSITIONS // 2, _SCORE_POSITIONS // 2, _SCORE_POSITIONS * 2, 3, 3, 3]
     chunks = _score_chunks([[0] * n for n in lengths], batch_size=3)
@@ -233,7 +178,7 @@ def test_eval_result_round_trip_and_table(tmp_path, tokenizer, student, teacher)
     quality_keys = {
         "accuracy_low", "accuracy_high", "finished_rate", "loop_rate", "repeated_ngram_fraction", "distinct_1",
         "distinct_2", "teacher_accuracy", "teacher_accuracy_low", "teacher_accuracy_high", "teacher_forced_divergence",
-        "teacher_forced_top1_agreement",
+        "teacher_forced_top1_agreement", "cut_ratio",
     }
     assert set(data) == old_keys | quality_keys
     assert EvalResult.from_dict(json.loads(json.dumps(data))) == result
@@ -249,10 +194,42 @@ def test_eval_result_round_trip_and_table(tmp_path, tokenizer, student, teacher)
         EvalResult.from_dict({k: v for k, v in data.items() if k != "accuracy"})
 
 
+def test_cut_completion_has_no_prediction_and_is_wrong(tokenizer, student):
+    """A completion that hits the limit without a final-answer marker is cut: no prediction, wrong, even when its last
+    number equals the gold and the last-number fallback is on (the old extractor credited it)."""
+    problems = PROBLEMS[:2]
+    prompts = encode_prompts(tokenizer, problems)
+    texts = ["so 2 + 2 = 4", "3 + 4 = 7<|im_end|>"]  # the first is cut (no eos, at the limit), the second finished
+    completions = [tokenizer(t)["input_ids"] for t in texts]
+    limit = len(completions[0])
+    result = evaluate_completions(student, tokenizer, problems, prompts, completions, max_new_tokens=limit,
+                                  last_number=True)
+    assert [r["cut"] for r in result.records] == [True, False]
+    assert [r["prediction"] for r in result.records] == [None, "7"]
+    assert [r["correct"] for r in result.records] == [False, True]
+    assert result.cut_ratio == 0.5 and result.accuracy == 0.5
+    strict = evaluate_completions(student, tokenizer, problems, prompts, completions, max_new_tokens=limit)
+    assert strict.accuracy == 0.0 and strict.settings["last_number_fallback"] is False
+
+
+def test_verifier_none_scores_no_accuracy_but_the_rest(tokenizer, student, teacher):
+    problems = [([{"role": "user", "content": "Say hi."}], "Hello there!"), PROBLEMS[0]]
+    prompts = encode_prompts(tokenizer, problems)
+    completions = [tokenizer(t)["input_ids"] for t in ["Hi!<|im_end|>", "4<|im_end|>"]]
+    result = evaluate_completions(student, tokenizer, problems, prompts, completions, teacher=teacher,
+                                  verifier="none")
+    assert result.accuracy is None and result.accuracy_low is None and result.mean_divergence is not None
+    assert "accuracy" not in result.table() and result.settings["verifier"] == "none"
+    with pytest.raises(ValueError, match="Problem 0: No gold answer"):
+        evaluate_completions(student, tokenizer, problems, prompts, completions, verifier="gsm8k")
+    with pytest.raises(ValueError, match="verifier must be one of"):
+        evaluate_completions(student, tokenizer, problems, prompts, completions, verifier="exact")
+
+
 def test_bad_input_is_refused_before_generation(tmp_path, tokenizer, student, teacher):
     with pytest.raises(ValueError, match="No problem to evaluate"):
         evaluate_gsm8k(student, tokenizer, [], teacher=teacher)
-    with pytest.raises(ValueError, match=r"Problem 0 is .*\(messages, gold number\)"):
+    with pytest.raises(ValueError, match=r"Problem 0 is .*\(messages, reference answer\)"):
         evaluate_gsm8k(student, tokenizer, ["What is 1 + 1?"])
     other = tmp_path / "rock_set.json"
     other.write_text(json.dumps({"token_ids": [13, 198], "vocab_size": 49152}))
@@ -291,9 +268,14 @@ def test_cli_eval_writes_json_that_reads_back(tmp_path, tokenizer, student, teac
     assert result.mean_divergence == pytest.approx(direct.mean_divergence, abs=1e-6)
     assert result.accuracy == direct.accuracy and result.num_tokens == direct.num_tokens
 
-    missing = _write_jsonl(tmp_path / "q.jsonl", [{"question": "q", "solution": "#### 1"}])
-    assert main(["eval", "--model", str(tmp_path / "student"), "--problems", str(missing)]) == 2
-    assert "no column ['answer']" in capsys.readouterr().err
+    # Columns that fit no format, and a reference the verifier cannot read: errors before any model loads.
+    missing = _write_jsonl(tmp_path / "q.jsonl", [{"text": "q", "label": "#### 1"}])
+    assert main(["eval", "--model", str(tmp_path / "missing-model"), "--problems", str(missing)]) == 2
+    assert "fit none of the formats" in capsys.readouterr().err
+    wrong = _write_jsonl(tmp_path / "w.jsonl", [{"question": "q", "answer": "seven"}])
+    argv = ["eval", "--model", str(tmp_path / "missing-model"), "--problems", str(wrong), "--verifier", "gsm8k"]
+    assert main(argv) == 2
+    assert "Problem 0 of" in capsys.readouterr().err
 
 
 def test_with_rock_ids_fills_in_the_rock_figures_without_scoring_again(tokenizer, student, teacher):
@@ -325,7 +307,7 @@ def test_quality_metrics_and_per_problem_records(tokenizer, student, teacher):
 
 def test_scoring_chunks_shrink_with_the_vocabulary():
     """The position budget is in logit entries: a 3x larger vocabulary scores about a third of the positions at once."""
-    from hf_rockopd.rollout import _SCORE_ENTRIES, _score_chunks
+    from hf_rockopd.evaluation.rollout import _SCORE_ENTRIES, _score_chunks
 
     qwen_positions = _SCORE_ENTRIES // 151_936
     assert 600 < qwen_positions < 700

@@ -594,7 +594,7 @@ def test_a_card_shows_no_local_path(tmp_path, tokenizer):
     )
     assert settings(card.text)["student base"] == "a local model (`my-base`)"
     config = yaml.safe_load(code_block(section(card.text, "Reproduce"), "yaml"))
-    assert config["dataset"] == "<your JSONL file with question/answer fields>"
+    assert config["dataset"] == "<your dataset: a Hub id or a JSONL/Parquet/CSV file>"
     assert config["student"] == "<your student model>" and config["use_peft"] is True
     assert card.data.datasets is None and card.data.base_model is None
 

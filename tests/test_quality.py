@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_rockopd.quality import (
+from hf_rockopd.evaluation.quality import (
     Proportion,
     TextQuality,
     accuracy_interval,
@@ -281,7 +281,7 @@ def test_text_quality_is_json_and_reads_back():
 def test_a_repeating_decimal_is_not_a_loop():
     """The baseline report's false positive: Qwen writes digits one per token, so "3.846153846153846" is a 6-token
     period repeated; numbers are told apart from degenerate text, for texts and for ids."""
-    from hf_rockopd.loops import numeric_token_ids
+    from hf_rockopd.evaluation.loops import numeric_token_ids
     from hf_rockopd.models import build_tiny_tokenizer
 
     text = r"= \frac{50}{13} \approx 3.846153846153846" + "\n\\]\n\nTherefore, on average, each player gets"

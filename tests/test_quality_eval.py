@@ -21,7 +21,7 @@ import torch
 
 from hf_rockopd.evaluation import EvalResult, evaluate_gsm8k
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.teacher_reference import build_teacher_reference
+from hf_rockopd.evaluation.teacher_reference import build_teacher_reference
 
 
 PROBLEMS = [([{"role": "user", "content": f"What is {i} + {4 - i}?"}], 4.0) for i in range(3)]
@@ -74,9 +74,12 @@ def models(tokenizer):
 
 def test_the_crafted_models_do_what_they_are_built_for(tokenizer, models):
     teacher, sane, looping = models
-    reference = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
+    # "= 4" carries no final-answer marker: it counts only with the last-number option (it finished, so it may).
+    reference = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS, last_number=True)
     assert [tokenizer.decode(c) for c in reference.completion_ids] == ["= 4<|im_end|>"] * 3
     assert reference.correct == [True] * 3
+    strict = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
+    assert strict.correct == [False] * 3 and strict.predictions == [None] * 3
     sane_reference = build_teacher_reference(sane, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
     assert sane_reference.completion_ids == reference.completion_ids
     loop_reference = build_teacher_reference(looping, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
@@ -87,7 +90,7 @@ def test_a_looping_student_fools_the_on_policy_divergence_but_not_the_quality_me
     teacher, sane, looping = models
     reference = build_teacher_reference(teacher, tokenizer, PROBLEMS, max_new_tokens=MAX_NEW_TOKENS)
     kwargs = {"teacher": teacher, "teacher_reference": reference, "max_new_tokens": MAX_NEW_TOKENS,
-              "show_progress": False}
+              "show_progress": False, "last_number": True}  # the crafted answers are a bare "= 4"
     good = evaluate_gsm8k(sane, tokenizer, PROBLEMS, **kwargs)
     bad = evaluate_gsm8k(looping, tokenizer, PROBLEMS, **kwargs)
 
@@ -116,7 +119,8 @@ def test_a_looping_student_fools_the_on_policy_divergence_but_not_the_quality_me
 def test_distill_scores_before_and_after_on_one_teacher_reference(tmp_path, tokenizer, monkeypatch):
     import json
 
-    from hf_rockopd import RockOPDConfig, teacher_reference
+    from hf_rockopd import RockOPDConfig
+    from hf_rockopd.evaluation import teacher_reference
     from hf_rockopd.distill import DistillArguments, run_distillation
     from hf_rockopd.evaluation import format_results_table
 

@@ -7,7 +7,8 @@ import pytest
 
 from hf_rockopd.ablate.arguments import AblateArguments
 from hf_rockopd.commands.evaluate import EvalArguments
-from hf_rockopd.distill import DistillArguments, load_gsm8k_split
+from hf_rockopd.data import split_dataset
+from hf_rockopd.distill import DistillArguments
 from hf_rockopd.gsm8k import load_gsm8k_problems, question_messages
 from hf_rockopd.lab import load_prompts
 
@@ -39,7 +40,7 @@ def test_bad_system_prompt_is_a_clear_error_everywhere(bad, problems_file):
     with pytest.raises(ValueError, match="system_prompt"):
         load_gsm8k_problems("no/such/file.jsonl", system_prompt=bad)  # the prompt is checked before the file
     with pytest.raises(ValueError, match="system_prompt"):
-        load_gsm8k_split("no/such/file.jsonl", 2, 2, system_prompt=bad)
+        split_dataset("no/such/file.jsonl", 2, 2, system_prompt=bad)
     with pytest.raises(ValueError, match="system_prompt"):
         load_prompts(problems_file, system_prompt=bad)
     with pytest.raises(ValueError, match="system_prompt"):
@@ -49,16 +50,16 @@ def test_bad_system_prompt_is_a_clear_error_everywhere(bad, problems_file):
 
 
 def test_split_and_problems_carry_the_same_system_turn(problems_file):
-    train, held_out = load_gsm8k_split(problems_file, 3, 2, seed=0, system_prompt=SYSTEM)
-    for row in train:
+    data = split_dataset(problems_file, 3, 2, seed=0, system_prompt=SYSTEM)
+    for row in data.train:
         roles = [m["role"] for m in row["messages"]]
         assert roles == ["system", "user", "assistant"] and row["messages"][0]["content"] == SYSTEM
-    problems = load_gsm8k_problems(held_out, system_prompt=SYSTEM)
+    problems = data.problems
     assert [[m["role"] for m in chat] for chat, _ in problems] == [["system", "user"]] * 2
     # Without one, the chats are exactly what they were before the option existed.
-    plain_train, plain_held_out = load_gsm8k_split(problems_file, 3, 2, seed=0)
-    assert [m["role"] for m in plain_train[0]["messages"]] == ["user", "assistant"]
-    assert [chat for chat, _ in load_gsm8k_problems(plain_held_out)] == [chat[1:] for chat, _ in problems]
+    plain = split_dataset(problems_file, 3, 2, seed=0)
+    assert [m["role"] for m in plain.train[0]["messages"]] == ["user", "assistant"]
+    assert [chat for chat, _ in plain.problems] == [chat[1:] for chat, _ in problems]
 
 
 def test_lab_prompts_get_the_system_turn_unless_the_chat_has_one(problems_file, tmp_path):

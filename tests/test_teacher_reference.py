@@ -1,4 +1,4 @@
-"""hf_rockopd.teacher_reference: the teacher's completions are generated once, reused with the same settings, and
+"""hf_rockopd.evaluation.teacher_reference: the teacher's completions are generated once, reused with the same settings, and
 regenerated or refused with other ones, never silently reused. Tiny offline models only."""
 
 import copy
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from hf_rockopd import teacher_reference as module
+from hf_rockopd.evaluation import teacher_reference as module
 from hf_rockopd.evaluation import evaluate_gsm8k
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.teacher_reference import (
+from hf_rockopd.evaluation.teacher_reference import (
     TEACHER_REFERENCE_NAME,
     TeacherReference,
     build_teacher_reference,

@@ -12,10 +12,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..commands.distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
+from ..distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
-from ..gsm8k import check_system_prompt
+from ..data.resolve import DEFAULT_CONFIGS
+from ..data.chat import check_system_prompt
 from ..models import SMOLLM2_ID
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
@@ -120,9 +121,26 @@ class AblateArguments:
     )
     # > Data and evaluation
     dataset: str = field(
-        default="openai/gsm8k", metadata={"help": "Hub dataset or JSONL file with question/answer fields."}
+        default="openai/gsm8k",
+        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt, "
+                  "or question/answer; a local copy is used first."},
     )
-    dataset_config: str = field(default="main", metadata={"help": "Hub configuration of the dataset."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split the prompts are drawn from."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
+    )
+    eval_dataset: str | None = field(
+        default=None, metadata={"help": "Held-out problems from this dataset instead of from --dataset."}
+    )
+    eval_dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration of --eval_dataset."})
+    eval_dataset_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math or gsm8k ('#### n' references).",
+                  "choices": ["math", "gsm8k"]},
+    )
     split_seed: int = field(default=42, metadata={"help": "Seed of the train / held-out split (one for every run)."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=32, metadata={"help": "Held-out problems evaluated after every run."})
@@ -142,6 +160,10 @@ class AblateArguments:
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
         check_system_prompt(self.system_prompt)
+        if self.verifier not in ("math", "gsm8k"):
+            raise ValueError(
+                f"verifier must be 'math' or 'gsm8k' (the ablation compares accuracy), got {self.verifier!r}."
+            )
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}.")
         if not math.isfinite(self.soft_weight) or not 0.0 < self.soft_weight < 1.0:
@@ -183,7 +205,18 @@ class AblateArguments:
         values = asdict(self)
         for name in ("policies", "seeds", "warm_start_save_steps", "eval_batch_size"):
             values.pop(name)
+        # Data options added later are left out at their defaults, so an ablation begun before them still resumes.
+        values["dataset_config"] = values["dataset_config"] or DEFAULT_CONFIGS.get(self.dataset)
+        for name, default in _LATER_DATA_DEFAULTS.items():
+            if values[name] == default:
+                values.pop(name)
         return values
+
+
+_LATER_DATA_DEFAULTS = {
+    "dataset_split": "train", "prompt_column": None, "answer_column": None, "eval_dataset": None,
+    "eval_dataset_config": None, "eval_dataset_split": "test", "verifier": "math",
+}
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

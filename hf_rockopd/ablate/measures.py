@@ -1,8 +1,8 @@
-"""The one place where the ablation meets the text-quality measures of `hf_rockopd.quality`.
+"""The one place where the ablation meets the text-quality measures of `hf_rockopd.evaluation.quality`.
 
 Per problem, a completion is judged by its loop, finished and repeated-n-gram flags; per run, by `text_quality`
 (accuracy with its Wilson interval, loop and finished rates, distinct-n). `numeric` is
-`hf_rockopd.quality.numeric_token_ids(tokenizer)`: a repeating decimal is not a loop. The statistics across runs are
+`hf_rockopd.evaluation.quality.numeric_token_ids(tokenizer)`: a repeating decimal is not a loop. The statistics across runs are
 `hf_rockopd.ablate.stats`' (see `summary.py`).
 """
 
@@ -12,7 +12,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..quality import completion_quality, text_quality
+from ..evaluation.quality import completion_quality, text_quality
 
 
 # ------------------------------------------------------------------------------------------- text quality ----

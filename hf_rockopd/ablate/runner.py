@@ -36,11 +36,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shlex
 import shutil
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,19 +48,18 @@ from transformers.utils import logging
 from trl import get_peft_config
 
 # The rest of the package, gathered here so that a reorganization changes these lines only.
-from ..commands.parsing import Command
-from ..distill import StudentModelConfig, load_gsm8k_split, student_model_config
-from ..evaluation import evaluate_gsm8k
-from ..gsm8k import load_gsm8k_problems
+from ..evaluation.answers import reference_answer
+from ..data import split_dataset
+from ..distill import StudentModelConfig, student_model_config
+from ..evaluation.evaluate import evaluate_gsm8k
 from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
 from ..models import middle_block_layers, prune_decoder_layers, resolve_causal_lm
-from ..quality import numeric_token_ids
+from ..evaluation.quality import numeric_token_ids
 from ..rock_set import load_rock_set
-from ..teacher_reference import load_or_build_teacher_reference
+from ..evaluation.teacher_reference import load_or_build_teacher_reference
 from ..trainers import RockOPDConfig
 from .arguments import (
-    DEFAULT_TRAINING_ARGS,
     AblateArguments,
     check_training_budget,
     training_fingerprint,
@@ -73,7 +69,7 @@ from .measures import problem_quality, run_quality
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["ABLATE", "COMMANDS", "RESULT_NAME", "main", "parse_arguments", "run_ablation", "run_directory"]
+__all__ = ["RESULT_NAME", "run_ablation", "run_directory"]
 
 RESULT_NAME = "result.json"
 RESULT_FORMAT = "hf_rockopd.ablate.run"
@@ -272,7 +268,7 @@ def _evaluate(model, teacher, tokenizer, problems, reference, ablate, args: Rock
     result = evaluate_gsm8k(
         model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=rock_set,
         max_new_tokens=ablate.eval_max_new_tokens, batch_size=ablate.eval_batch_size, beta=args.beta,
-        temperature=args.loss_temperature, show_progress=False,
+        temperature=args.loss_temperature, show_progress=False, verifier=ablate.verifier,
     )
     stop_ids, numeric = eos_token_ids(tokenizer, model), numeric_token_ids(tokenizer)
     lengths = [r["num_tokens"] for r in result.records]
@@ -420,10 +416,19 @@ def run_ablation(
     peft_config = get_peft_config(model_args)
     if ablate.rock_set is not None:
         load_rock_set(ablate.rock_set)
-    train, held_out = load_gsm8k_split(
+    data = split_dataset(
         ablate.dataset, ablate.num_train_prompts, ablate.num_eval_problems, seed=ablate.split_seed,
-        config=ablate.dataset_config, system_prompt=ablate.system_prompt,
+        config=ablate.dataset_config, split=ablate.dataset_split, prompt_column=ablate.prompt_column,
+        answer_column=ablate.answer_column, system_prompt=ablate.system_prompt, eval_dataset=ablate.eval_dataset,
+        eval_config=ablate.eval_dataset_config, eval_split=ablate.eval_dataset_split,
     )
+    train, problems = data.train, data.problems
+    for index, (_, reference) in enumerate(problems):  # an unreadable reference fails before the teacher loads
+        try:
+            reference_answer("" if reference is None else reference, ablate.verifier)
+        except ValueError as err:
+            raise ValueError(f"Held-out problem {index} of {data.eval_location!r}: {err} (--answer_column names "
+                             "the reference column)") from None
     # Every policy's options are checked now, with the paths its rock set will have (the options check types and
     # ranges, not files), so a bad --policy_kwargs value fails before the teacher loads.
     rocks_to_be = _rock_paths(root) if ablate.needs_rocks() else None
@@ -441,7 +446,6 @@ def run_ablation(
     trained = []
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
-        problems = load_gsm8k_problems(held_out, system_prompt=ablate.system_prompt)
         start = student
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)
@@ -475,51 +479,3 @@ def _eta(started: float, done: int, total: int) -> str:
         return ""
     left = (time.perf_counter() - started) / done * (total - done)
     return f"; {done} done, about {left / 60:.0f} min left" if left >= 60 else f"; {done} done, about {left:.0f} s left"
-
-
-def ablate(
-    ablate_args: AblateArguments, args: RockOPDConfig, model_args: StudentModelConfig, *, argv: list[str]
-) -> int:
-    """Run `hf-rockopd ablate` and print the summary table and where its files are."""
-    out = run_ablation(ablate_args, args, command=shlex.join(["hf-rockopd", "ablate", *argv]), model_args=model_args)
-    summary = out["summary"]
-    print(f"\ntrained {len(out['trained'])} run(s); finished ones are skipped.\n")
-    print(summary["markdown"])
-    for name, path in summary["files"].items():
-        print(f"{name + ':':7s}{path}")
-    return 0
-
-
-ABLATE = Command(
-    "ablate",
-    "the paper's token-policy ablation: policies x seeds at one budget, resumable, compared with uniform",
-    (AblateArguments, RockOPDConfig, StudentModelConfig),
-    ablate,
-    defaults=DEFAULT_TRAINING_ARGS,
-    with_argv=True,
-)
-COMMANDS = (ABLATE,)
-
-
-def parse_arguments(
-    argv: Sequence[str] | None = None,
-) -> tuple[AblateArguments, RockOPDConfig, StudentModelConfig]:
-    """Parse `hf-rockopd ablate` options (flags, and a YAML file given with `--config`; flags win).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.ablate.runner import parse_arguments
-    >>> ablate, args, model_args = parse_arguments(["--policies", "uniform", "soft", "--seeds", "0", "1",
-    ...                                             "--max_steps", "4", "--use_peft", "--lora_r", "8"])
-    >>> ablate.policies, ablate.seeds, args.max_steps, args.output_dir, model_args.use_peft, model_args.lora_r
-    (['uniform', 'soft'], [0, 1], 4, 'runs/ablate', True, 8)
-    ```
-    """
-    ablate_args, args, model_args = ABLATE.parse(list(sys.argv[1:] if argv is None else argv))
-    check_training_budget(args)
-    return ablate_args, args, model_args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `hf-rockopd ablate` (options as in [`parse_arguments`]); the dispatcher runs `ABLATE`."""
-    return ABLATE(list(sys.argv[1:] if argv is None else argv))

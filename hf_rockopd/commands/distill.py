@@ -20,11 +20,16 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from ..distill import DistillArguments, StudentModelConfig, run_distillation
+from ..distill import (  # the defaults live with the job, so ablate reads them without the command line
+    DEFAULT_ROCK_ONLINE_KWARGS,
+    DEFAULT_TRAINING_ARGS,
+    DistillArguments,
+    StudentModelConfig,
+    run_distillation,
+)
 from ..policies import parse_policy_kwargs
 from ..publishing.run_report import RUN_REPORT_NAME
 from ..rock_set import ROCK_TOKENS_NAME
@@ -34,27 +39,6 @@ from .policy_flags import add_policy_options, policy_options, pop_policy_options
 
 __all__ = ["COMMANDS", "DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "build_parser", "main",
            "parse_arguments"]
-
-# Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
-# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
-DEFAULT_TRAINING_ARGS: dict[str, Any] = {
-    "output_dir": "runs/smollm2-rockopd",
-    "max_steps": 20,
-    "per_device_train_batch_size": 4,
-    "learning_rate": 5e-5,
-    "lr_scheduler_type": "constant",
-    "max_new_tokens": 96,
-    "logging_steps": 1,
-    "save_strategy": "no",
-    "report_to": "none",
-    # TRL's SFT default recomputes activations in backward; a 135M student needs no such memory saving on CPU.
-    "gradient_checkpointing": False,
-    "rock_policy": "rock_online",
-}
-# `rock_online`'s own defaults (20 warm-up steps, refresh every 10) never fire in a 24-step run; used only when the
-# policy is rock_online and no kwargs are given, so `--rock_policy uniform` needs no `--rock_policy_kwargs {}`;
-# `--policy.X` flags are merged over them.
-DEFAULT_ROCK_ONLINE_KWARGS: dict[str, Any] = {"warmup_steps": 6, "refresh_every": 3, "persistence": 2, "top_k": 50}
 
 # Flags of the options DistillArguments declared before TRL's ModelConfig took them over (one release).
 RENAMED = {"--use_lora": "--use_peft", "--student_4bit": "--load_in_4bit"}
@@ -116,7 +100,7 @@ def distill(script: DistillArguments, args: RockOPDConfig, model_args: StudentMo
     result = run_distillation(script, args, model_args, command=shlex.join(["hf-rockopd", "distill", *argv]))
     evaluation = result.report["eval"]
     if evaluation["before"] and evaluation["after"]:
-        from ..evaluation import format_results_table
+        from ..evaluation.table import format_results_table
 
         print("\n" + format_results_table({"before": evaluation["before"], "after": evaluation["after"]}))
     with open(os.path.join(result.output_dir, ROCK_TOKENS_NAME)) as f:

@@ -1,11 +1,13 @@
-"""`hf-rockopd eval`: GSM8K accuracy (with its interval and the teacher's as the ceiling), text quality (finished
-answers, loops, repetition), the teacher-forced divergence on the teacher's own completions and the on-policy one."""
+"""`hf-rockopd eval` on any dataset: accuracy (math-verify, `--verifier`; with its interval and the teacher's as the
+ceiling), text quality (finished answers, loops, repetition), the teacher-forced divergence on the teacher's own
+completions and the on-policy one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .loading import LoadingArguments, load_model, load_problems, load_tokenizer
+from ..evaluation.answers import VERIFIERS, check_verifier
+from .loading import LoadingArguments, check_references, load_model, load_problems, load_tokenizer
 from .parsing import Command, check_at_least, check_range
 
 __all__ = ["COMMANDS", "EvalArguments", "evaluate"]
@@ -26,14 +28,20 @@ class EvalArguments:
     """
 
     model: str = field(metadata={"help": "The student (directory or Hub id)."})
-    problems: str = field(metadata={"help": "JSON lines with `question` and `answer`, or openai/gsm8k."})
+    problems: str = field(
+        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt "
+                  "or question/answer (a local copy of a Hub id is used first)."}
+    )
     teacher: str | None = field(
         default=None, metadata={"help": "The teacher (same tokenizer); without it, accuracy only."}
     )
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
-    split: str = field(default="train", metadata={"help": "Split when --problems is openai/gsm8k."})
-    question_field: str = field(default="question", metadata={"help": "Column holding the question."})
-    answer_field: str = field(default="answer", metadata={"help": "GSM8K solution ending in '#### <number>'."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
+    split: str = field(default="train", metadata={"help": "Split of --problems (e.g. test for MATH-500)."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
+    )
     limit: int | None = field(default=None, metadata={"help": "Evaluate N problems."})
     tail: bool = field(default=False, metadata={"help": "Take the last N problems (held out from training)."})
     system_prompt: str | None = field(
@@ -55,8 +63,19 @@ class EvalArguments:
     records: bool = field(
         default=False, metadata={"help": "Also write per-problem records (answers, texts) to --out."}
     )
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math (final answers, \\boxed{}), gsm8k ('#### n' "
+                  "references), none (no accuracy).", "choices": list(VERIFIERS)},
+    )
+    last_number: bool = field(
+        default=False,
+        metadata={"help": "Credit the last number of a finished answer without a final-answer marker (never a cut "
+                  "one)."},
+    )
 
     def __post_init__(self):
+        check_verifier(self.verifier)
         check_at_least(self, "limit", "max_new_tokens", "batch_size")
         check_range(self, "beta", 0, 1)
         check_range(self, "temperature", 0, float("inf"), low_open=True, high_open=True)
@@ -64,13 +83,14 @@ class EvalArguments:
 
 def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     """Run `eval`: print the results table, and write it to `--out`."""
-    from ..evaluation import evaluate_gsm8k
-    from ..teacher_reference import load_or_build_teacher_reference
+    from ..evaluation.evaluate import evaluate_gsm8k
+    from ..evaluation.teacher_reference import load_or_build_teacher_reference
 
     problems = load_problems(
-        args.problems, limit=args.limit, tail=args.tail, split=args.split,
-        question_field=args.question_field, answer_field=args.answer_field, system_prompt=args.system_prompt,
+        args.problems, limit=args.limit, tail=args.tail, config=args.dataset_config, split=args.split,
+        prompt_column=args.prompt_column, answer_column=args.answer_column, system_prompt=args.system_prompt,
     )
+    check_references(problems, args.verifier, str(args.problems))  # before any model loads
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)
     teacher = load_model(args.teacher, loading) if args.teacher else None
@@ -84,6 +104,7 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
     result = evaluate_gsm8k(
         model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=args.rock_set,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
+        verifier=args.verifier, last_number=args.last_number,
     )
     result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
                            rock_set=args.rock_set, teacher_reference_file=args.teacher_reference)
@@ -95,6 +116,9 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
 
 
 COMMANDS = (
-    Command("eval", "GSM8K accuracy, answer quality, teacher-forced and on-policy divergence to the teacher",
-            (EvalArguments, LoadingArguments), evaluate),
+    Command("eval", "accuracy (math-verify), answer quality, teacher-forced and on-policy divergence to the teacher",
+            (EvalArguments, LoadingArguments), evaluate,
+            # The GSM8K-only names of these options, before any dataset was accepted.
+            renamed={"--question_field": "--prompt_column", "--answer_field": "--answer_column",
+                     "--question-field": "--prompt_column", "--answer-field": "--answer_column"}),
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .loading import LoadingArguments, load_model, load_problems, load_tokenizer
+from .loading import LoadingArguments, check_references, load_model, load_problems, load_tokenizer
 from .parsing import Command, check_at_least, check_range
 
 __all__ = [
@@ -62,6 +62,11 @@ class SelectionArguments:
 
     min_count: int = field(default=2, metadata={"help": "Ids seen fewer times are ineligible (paper: 2)."})
     exclude_top_frequent: int = field(default=5, metadata={"help": "Most frequent ids dropped (paper: 5)."})
+    allow_special_tokens: bool = field(
+        default=False,
+        metadata={"help": "Let stop and control tokens (eos, pad, <|im_end|>, ...) be rocks; research only: freezing "
+                  "the stop token unteaches stopping."},
+    )
 
     def __post_init__(self):
         check_at_least(self, "min_count", "exclude_top_frequent", minimum=0)
@@ -73,7 +78,9 @@ class CollectArguments:
 
     student: str = field(metadata={"help": "Student model directory or Hub id."})
     teacher: str = field(metadata={"help": "Teacher model directory or Hub id (same tokenizer)."})
-    prompts: str = field(metadata={"help": "JSON lines with `messages`, `prompt` or `question`."})
+    prompts: str = field(
+        metadata={"help": "JSON lines with `messages`, `prompt` or `question`, or any dataset (Parquet, CSV, Hub id)."}
+    )
     out: str = field(metadata={"help": "Token-table directory (resumable)."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the student's)."})
     prompt_field: str | None = field(default=None, metadata={"help": "The column holding the prompt."})
@@ -173,7 +180,7 @@ class KnockoutArguments:
 
     model: str = field(metadata={"help": "The model to evaluate (directory or Hub id)."})
     problems: str = field(
-        metadata={"help": "JSON lines with `question` and `answer` (GSM8K, gold after ####), or openai/gsm8k."}
+        metadata={"help": "Hub id or local file (JSONL, JSON, Parquet, CSV) in TRL's formats, with reference answers."}
     )
     rock_set: str = field(metadata={"help": "rock_set.json whose first --top ids are banned."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
@@ -188,9 +195,17 @@ class KnockoutArguments:
     alpha: float = field(default=0.05, metadata={"help": "False-discovery rate of the BH verdicts."})
     seed: int = field(default=0, metadata={"help": "Seed of the bootstrap."})
     out: str | None = field(default=None, metadata={"help": "CSV of the verdicts."})
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math or gsm8k.", "choices": ["math", "gsm8k"]},
+    )
 
     def __post_init__(self):
         check_at_least(self, "top", "limit", "max_new_tokens", "batch_size", "resamples")
+        if self.verifier not in ("math", "gsm8k"):
+            raise ValueError(
+                f"verifier must be 'math' or 'gsm8k' (the knockout measures accuracy), got {self.verifier!r}."
+            )
         check_range(self, "alpha", 0, 1, low_open=True, high_open=True)
 
 
@@ -245,6 +260,7 @@ def score(args: ScoreArguments, selection: SelectionArguments) -> int:
     result = lab.score_token_table(
         table, top_k=None if args.coverage is not None else args.top_k, min_count=selection.min_count,
         exclude_top_frequent=selection.exclude_top_frequent, coverage=args.coverage,
+        allow_special_tokens=selection.allow_special_tokens,
     )
     result.save(args.out)
     rocks = result.scores[result.scores["is_rock"]].head(args.show)
@@ -264,7 +280,7 @@ def stability(args: StabilityArguments, selection: SelectionArguments) -> int:
     frame, k = lab.stability_sweep(
         lab.load_token_table(args.table), ks=args.ks, subcorpus_sizes=args.sizes, repeats=args.repeats,
         min_count=selection.min_count, exclude_top_frequent=selection.exclude_top_frequent,
-        threshold=args.threshold, seed=args.seed,
+        threshold=args.threshold, seed=args.seed, allow_special_tokens=selection.allow_special_tokens,
     )
     _print_frame(frame, args.out)
     print(f"recommended K (mean Jaccard >= {args.threshold} at every sub-corpus size): {k}")
@@ -310,12 +326,13 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     from ..rock_set import load_rock_set
 
     problems = load_problems(args.problems, limit=args.limit, system_prompt=args.system_prompt)
+    check_references(problems, args.verifier, args.problems)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     model = load_model(args.model, loading)
     ids = load_rock_set(args.rock_set, vocab_size=vocab_size(model))["token_ids"][: args.top]
     frame = _lab().knockout(
         model, tokenizer, problems, ids, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed, show_progress=True,
+        n_resamples=args.resamples, alpha=args.alpha, seed=args.seed, show_progress=True, verifier=args.verifier,
     )
     _print_frame(frame, args.out)
     counts = frame["verdict"].value_counts()
@@ -344,6 +361,8 @@ def report(args: ReportArguments, selection: SelectionArguments) -> int:
             coverage=coverage,
             min_count=int(chosen.get("min_count", selection.min_count)),
             exclude_top_frequent=int(chosen.get("exclude_top_frequent", selection.exclude_top_frequent)),
+            # A rock set scored before stop tokens were excluded records none: rescore it as it was made.
+            exclude_ids=[int(i) for i in chosen.get("excluded_ids", [])],
         )
         if result.rock_ids != payload["token_ids"]:
             raise ValueError(
@@ -354,6 +373,7 @@ def report(args: ReportArguments, selection: SelectionArguments) -> int:
         result = lab.score_token_table(
             table, top_k=None if args.coverage is not None else args.top_k, coverage=args.coverage,
             min_count=selection.min_count, exclude_top_frequent=selection.exclude_top_frequent,
+            allow_special_tokens=selection.allow_special_tokens,
         )
     built = build_report(table, args.out, score=result, late_table=args.late, knockout=args.knockout,
                          top_n=args.show, seed=args.seed, title=args.title)

@@ -1,4 +1,4 @@
-"""What the lab and `eval` commands load: models, tokenizers and GSM8K problems, with the options for it.
+"""What the lab and `eval` commands load: models, tokenizers and problems of any dataset, with the options for it.
 
 The imports of other packages' loaders sit in one function each, inside the function, so a command's `--help` does
 not import torch and a moved loader is a one-line change here.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["LoadingArguments", "load_model", "load_problems", "load_tokenizer"]
+__all__ = ["LoadingArguments", "check_references", "load_model", "load_problems", "load_tokenizer"]
 
 
 @dataclass
@@ -58,7 +58,25 @@ def load_tokenizer(name: str):
 
 
 def load_problems(source: Any, **kwargs: Any) -> list:
-    """GSM8K problems as `(messages, gold)` pairs (`load_gsm8k_problems`'s keyword arguments)."""
-    from ..gsm8k import load_gsm8k_problems
+    """Problems of any dataset as `(messages, reference)` pairs (`hf_rockopd.data.load_problems`'s arguments)."""
+    from ..data import load_problems as load
 
-    return load_gsm8k_problems(source, **kwargs)
+    return load(source, **kwargs)
+
+
+def check_references(problems: list, verifier: str, where: str) -> None:
+    """Raise `ValueError` naming the problem unless `verifier` can read every reference (`none` reads none)."""
+    from ..evaluation.answers import reference_answer
+
+    if verifier == "none":
+        return
+    for index, (_, reference) in enumerate(problems):
+        if reference is None:
+            raise ValueError(
+                f"Problem {index} of {where!r} has no reference answer. Name the column with --answer_column, or "
+                "evaluate without accuracy: --verifier none."
+            )
+        try:
+            reference_answer(reference, verifier)
+        except ValueError as err:
+            raise ValueError(f"Problem {index} of {where!r}: {err}") from None

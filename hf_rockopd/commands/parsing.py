@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,55 +18,12 @@ from typing import Any
 
 from trl import TrlParser
 
+from ..checks import check_at_least, check_range  # re-exported: the options dataclasses' checks
+
 __all__ = ["Command", "CommandParser", "check_at_least", "check_range"]
 
 # Positional fields are parsed into this attribute first, then moved onto the field (see `CommandParser`).
 _POSITIONAL = "positional__"
-
-
-def check_at_least(obj: Any, *names: str, minimum: int = 1) -> None:
-    """Raise `ValueError` naming the field unless each of `names` is None or an integer >= `minimum`.
-
-    Example:
-    ```python
-    >>> from types import SimpleNamespace
-    >>> from hf_rockopd.commands.parsing import check_at_least
-    >>> check_at_least(SimpleNamespace(top_k=0), "top_k")
-    Traceback (most recent call last):
-    ...
-    ValueError: top_k must be an integer >= 1, got 0.
-    ```
-    """
-    for name in names:
-        value = getattr(obj, name)
-        values = value if isinstance(value, list) else [value]
-        for item in values:
-            if item is not None and (isinstance(item, bool) or not isinstance(item, int) or item < minimum):
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-
-
-def check_range(
-    obj: Any, name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> None:
-    """Raise `ValueError` naming the field unless it is None or a number in the interval (bounds closed by default).
-
-    Example:
-    ```python
-    >>> from types import SimpleNamespace
-    >>> from hf_rockopd.commands.parsing import check_range
-    >>> check_range(SimpleNamespace(alpha=1.5), "alpha", 0, 1, low_open=True, high_open=True)
-    Traceback (most recent call last):
-    ...
-    ValueError: alpha must be in (0, 1), got 1.5.
-    ```
-    """
-    value = getattr(obj, name)
-    if value is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-    if not number or (value <= low if low_open else value < low) or (value >= high if high_open else value > high):
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}.")
 
 
 class CommandParser(TrlParser):

@@ -29,7 +29,7 @@ from transformers.utils import logging
 from trl.models.utils import _ForwardRedirection
 
 from ..losses import weighted_loss
-from ..modeling import backbone, check_same_vocabulary, vocab_size
+from ..modeling import backbone, check_same_vocabulary, special_token_ids, vocab_size
 from ..policies import TokenBatch, TokenPolicy, get_policy
 from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
 from ..teachers import TopKTeacher
@@ -249,6 +249,7 @@ class RockTokenEngine:
         else:
             unwrapped_teacher = self._unwrap(teacher)
             self.vocab_size = check_same_vocabulary(student, unwrapped_teacher)
+        self._set_special_ids(student, student_eos)
         self.policy.setup(self.vocab_size)
         for source in (getattr(policy, "source", None), getattr(policy, "rock_source", None)):
             if source is not None and self.tokenizer is not None:
@@ -463,6 +464,16 @@ class RockTokenEngine:
         """Write the policy's state into `checkpoint` (see `hf_rockopd.engine.state`); return the file's path."""
         return save_policy_state(self.policy, checkpoint)
 
+    def _set_special_ids(self, student: nn.Module, student_eos: Any) -> None:
+        """Tell the policy the stop and control ids (the tokenizer's, and the trainer's stop ids), which a selecting
+        policy never picks as rocks; ids a user set on the policy are kept."""
+        if self.policy.special_ids:
+            return
+        ids = _stop_ids(student_eos)
+        if self.tokenizer is not None:
+            ids.update(special_token_ids(self.tokenizer, student))
+        self.policy.special_ids = tuple(sorted(ids))
+
     def load_policy_state(self, checkpoint: str | os.PathLike) -> None:
         """Restore the policy from `checkpoint`; with `rock_policy_reset_on_resume`, a missing or unreadable state
         gives a fresh policy and a warning instead of a `ValueError`."""
@@ -471,7 +482,7 @@ class RockTokenEngine:
         except (FileNotFoundError, ValueError, KeyError, TypeError) as err:
             if self.args.rock_policy_reset_on_resume:
                 logger.warning(f"Resuming from {checkpoint} with a fresh {self.policy.name!r} policy: {err}.")
-                self.policy.setup(self.vocab_size)
+                self.policy.setup(self.vocab_size)  # special_ids stay as set at construction
                 return
             raise ValueError(
                 f"Cannot restore the token policy from checkpoint {os.fspath(checkpoint)!r}: {err}. Resume from a "

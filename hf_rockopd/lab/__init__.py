@@ -3,7 +3,7 @@
 Each step reads and writes plain files, so steps can be rerun and compared (arXiv 2605.09253, §3-§4):
 
 - `collect_token_table` (`lab.collect`): roll out prompts with the student and score every generated token against the
-  teacher with the training divergence (through `hf_rockopd.rollout`, as evaluation does), into a *token table*
+  teacher with the training divergence (through `hf_rockopd.evaluation.rollout`, as evaluation does), into a *token table*
   (`lab.table`: one row per generated token, Parquet parts in a directory; `load_token_table` reads it).
 - `score_token_table` (`lab.selection`): the Rock Score `R(v) = Freq(v) · mean divergence` per type and the paper's
   selection; `stability_sweep` (Jaccard of sub-corpora's top-K, to pick K); `matched_controls` (a random id set matched
@@ -26,7 +26,7 @@ result.save("rock_set.json")  # loadable by the `rock_freeze` policy as is
 ```
 """
 
-from ..gsm8k import extract_numeric_answer
+from ..evaluation.answers import verify_answer
 from .categories import DISCOURSE_WORDS, ROCK_CATEGORIES, category_table, token_category, token_label
 from .collect import collect_token_table
 from .gradients import gradient_cosines, gradient_geometry
@@ -69,7 +69,6 @@ __all__ = [
     "collect_token_table",
     "compare_token_tables",
     "comparison_groups",
-    "extract_numeric_answer",
     "gradient_cosines",
     "gradient_geometry",
     "knockout",
@@ -81,6 +80,7 @@ __all__ = [
     "rare_high_divergence_ids",
     "score_token_table",
     "stability_sweep",
+    "verify_answer",
     "token_category",
     "token_label",
 ]

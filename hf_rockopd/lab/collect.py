@@ -1,6 +1,6 @@
 """Collect a token table: roll out prompts with the student, score every generated token against the teacher.
 
-Generation and scoring are `hf_rockopd.rollout`'s (the ones evaluation uses), so a collected completion and its
+Generation and scoring are `hf_rockopd.evaluation.rollout`'s (the ones evaluation uses), so a collected completion and its
 divergence are what `evaluate_gsm8k` would produce for the same prompt; the file format is `lab.table`'s.
 
 Example:
@@ -20,8 +20,8 @@ import pyarrow as pa
 import torch
 
 from ..losses import logit_grad_norm, per_token_divergence, per_token_entropy
-from ..modeling import check_same_vocabulary
-from ..rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
+from ..modeling import check_same_vocabulary, special_token_ids
+from ..evaluation.rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
 from .gradients import gradient_cosines
 from .table import GRAD_COSINE_FILE, part_name, prepare_table_dir, write_part
 
@@ -118,6 +118,8 @@ def collect_token_table(
         "seed": seed,
         "max_new_tokens": max_new_tokens,
         "num_prompts": len(prompts),
+        # The stop and control ids, which `score_token_table` never selects as rocks by default.
+        "special_ids": special_token_ids(tokenizer, student),
     }
     prepare_table_dir(output_dir, meta)
     starts = list(range(0, len(prompts), batch_size))

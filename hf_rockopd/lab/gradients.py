@@ -20,7 +20,7 @@ from scipy import stats
 from transformers.utils import logging
 
 from ..losses import per_token_divergence
-from ..rollout import encode_prompts, eval_mode, pad_token_id, scored_chunks
+from ..evaluation.rollout import encode_prompts, eval_mode, pad_token_id, scored_chunks
 from .selection import comparison_groups
 from .table import TokenTable, load_token_table, read_parts, write_grad_cosines
 

@@ -1,4 +1,4 @@
-"""Prompt loading for the lab: chat prompts for `collect_token_table`, GSM8K problems for `knockout`.
+"""Prompt loading for the lab: chat prompts for `collect_token_table`, problems for `knockout` (`hf_rockopd.data`).
 
 Both read JSON lines with `hf_rockopd.gsm8k.read_jsonl`, the package's one reader.
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..gsm8k import check_system_prompt, load_gsm8k_problems, question_messages, read_jsonl
+from ..data import load_problems
+from ..data.chat import check_system_prompt, question_messages, read_jsonl
 
 
 __all__ = ["load_problems", "load_prompts"]
 
-# One GSM8K loader for the knockout and `hf-rockopd eval`: this name is kept for scripts written against it.
-load_problems = load_gsm8k_problems
+# One problem loader for the knockout and `hf-rockopd eval` (any dataset in TRL's formats): `hf_rockopd.data`'s.
 
 
 def load_prompts(
@@ -29,7 +29,8 @@ def load_prompts(
     field_name: str | None = None,
     system_prompt: str | None = None,
 ) -> list[Any]:
-    """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K).
+    """Read prompts from a JSON-lines file: each line has `messages` (a chat), `prompt` or `question` (GSM8K); any
+    other dataset (a Parquet, CSV or JSON file, a folder, a Hub id) is read by `hf_rockopd.data.load_problems`.
 
     Returns chat message lists (`[{"role": "user", "content": ...}]`), the form `collect_token_table` takes.
     `system_prompt` opens each chat that has no system turn of its own (`hf_rockopd.gsm8k.question_messages`), as
@@ -46,6 +47,9 @@ def load_prompts(
     ```
     """
     check_system_prompt(system_prompt)  # before the file is read
+    if not str(path).lower().endswith(".jsonl"):
+        problems = load_problems(path, limit=limit, prompt_column=field_name, system_prompt=system_prompt)
+        return [chat for chat, _ in problems]
     fields = [field_name] if field_name else ["messages", "prompt", "question"]
     prompts: list[Any] = []
     for line_no, row in read_jsonl(path, limit):

@@ -12,6 +12,7 @@ frame, k = stability_sweep(load_token_table("tables/early"))
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,35 @@ class ScoreResult:
         )
 
 
+# A control token of a chat template (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`): how a table collected before
+# `special_ids` were recorded in its metadata still knows its stop and control tokens.
+_CONTROL_TOKEN = re.compile(r"<\|[^|\s]+\|>")
+
+
+def special_ids_of_table(table: TokenTable) -> list[int]:
+    """The stop and control ids of the tokenizer that made `table`, never rocks by default: its metadata's
+    `special_ids` (`modeling.special_token_ids`, recorded by `collect_token_table`), else the ids whose text has a
+    control token's form (`<|...|>`).
+
+    Example:
+    ```python
+    >>> import pandas as pd
+    >>> from hf_rockopd.lab import load_token_table
+    >>> from hf_rockopd.lab.selection import special_ids_of_table
+    >>> frame = pd.DataFrame({"prompt_index": [0, 0], "token_id": [5, 9], "token": ["a", "<|im_end|>"],
+    ...                       "divergence": [1.0, 2.0]})
+    >>> special_ids_of_table(load_token_table(frame))
+    [9]
+    ```
+    """
+    if table.meta.get("special_ids") is not None:
+        return [int(i) for i in table.meta["special_ids"]]
+    return sorted(i for i, text in table.decode().items() if _CONTROL_TOKEN.fullmatch(text.strip()))
+
+
 def _eligible_ranking(
-    counts: np.ndarray, mean_div: np.ndarray, min_count: int, exclude_top_frequent: int
+    counts: np.ndarray, mean_div: np.ndarray, min_count: int, exclude_top_frequent: int,
+    exclude_ids: Sequence[int] = (),
 ) -> tuple[list[int], np.ndarray]:
     vocab = counts.shape[0]
     ranked, scores = select_rock_tokens(
@@ -95,6 +123,7 @@ def _eligible_ranking(
         top_k=max(vocab, 1),
         min_count=min_count,
         exclude_top_frequent=exclude_top_frequent,
+        exclude_ids=exclude_ids,
     )
     return ranked, scores.numpy()
 
@@ -105,12 +134,16 @@ def score_token_table(
     min_count: int = 2,
     exclude_top_frequent: int = 5,
     coverage: float | None = None,
+    exclude_ids: Sequence[int] | None = None,
+    allow_special_tokens: bool = False,
 ) -> ScoreResult:
     """Rock Score every type and select rocks with the paper's rule (§3.2), or by divergence coverage.
 
     Types seen fewer than `min_count` times and the `exclude_top_frequent` most frequent types are ineligible; the
     `top_k` eligible types with the highest `R(v)` are rocks. With `coverage` instead, K is the smallest number of top
-    types whose divergence mass reaches that share of the corpus's total.
+    types whose divergence mass reaches that share of the corpus's total. Stop and control tokens are never rocks
+    (`exclude_ids`, default: `special_ids_of_table(table)`; freezing the stop token unteaches stopping) unless
+    `allow_special_tokens`.
 
     Raises `ValueError` when `top_k` exceeds the number of eligible types (name both and how to relax the rule).
 
@@ -131,7 +164,9 @@ def score_token_table(
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}.")
     counts, mean_div = table.counts(), table.mean_divergence()
-    ranked, scores = _eligible_ranking(counts, mean_div, min_count, exclude_top_frequent)
+    if exclude_ids is None:
+        exclude_ids = [] if allow_special_tokens else special_ids_of_table(table)
+    ranked, scores = _eligible_ranking(counts, mean_div, min_count, exclude_top_frequent, exclude_ids)
     total_mass = float(table.divergence_sums().sum())
     if coverage is not None:
         if total_mass <= 0:
@@ -183,6 +218,7 @@ def score_token_table(
             "min_count": min_count,
             "exclude_top_frequent": exclude_top_frequent,
             "coverage": coverage,
+            "excluded_ids": [int(i) for i in exclude_ids],
             "eligible_types": len(ranked),
             "observed_types": int(len(observed)),
         },
@@ -203,6 +239,7 @@ def stability_sweep(
     exclude_top_frequent: int = 5,
     threshold: float = 0.7,
     seed: int = 42,
+    allow_special_tokens: bool = False,
 ) -> tuple[pd.DataFrame, int | None]:
     """Jaccard overlap between the top-K of random sub-corpora (of whole prompts) and the full corpus's top-K.
 
@@ -222,6 +259,7 @@ def stability_sweep(
         raise ValueError(f"repeats must be >= 1, got {repeats}.")
     if any(k < 1 for k in ks) or not ks:
         raise ValueError(f"ks must be a non-empty list of integers >= 1, got {list(ks)}.")
+    special = [] if allow_special_tokens else special_ids_of_table(table)  # as score_token_table selects
     prompts = np.unique(table.frame["prompt_index"].to_numpy())
     if subcorpus_sizes is None:
         subcorpus_sizes = sorted({max(1, int(len(prompts) * f)) for f in (0.125, 0.25, 0.5, 0.8)})
@@ -232,7 +270,7 @@ def stability_sweep(
 
     def ranking(frame: pd.DataFrame) -> list[int]:
         sub = TokenTable(frame=frame, meta={"vocab_size": vocab})
-        return _eligible_ranking(sub.counts(), sub.mean_divergence(), min_count, exclude_top_frequent)[0]
+        return _eligible_ranking(sub.counts(), sub.mean_divergence(), min_count, exclude_top_frequent, special)[0]
 
     full = ranking(table.frame)
     rng = np.random.default_rng(seed)

@@ -1,7 +1,8 @@
 """Causal knockout (the paper's §5): ban one token at inference and test the accuracy change on GSM8K-style problems.
 
 Decoding is `rollout.generate_completions` (greedy, the ban through `suppress_tokens`) and grading is
-`gsm8k.is_correct`, the ones `evaluate_gsm8k` uses, so the knockout's baseline accuracy is the evaluation's.
+`answers.grade_completion` (math-verify), the ones `evaluate_gsm8k` uses, so the knockout's baseline accuracy is the
+evaluation's.
 
 Example:
 ```python
@@ -19,9 +20,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..gsm8k import Problem, extract_numeric_answer, is_correct
+from ..evaluation.answers import check_verifier, grade_completion
+from ..data.chat import Problem
 from ..modeling import vocab_size
-from ..rollout import generate_completions
+from ..evaluation.rollout import generate_completions
 from .stats import benjamini_hochberg, paired_bootstrap
 
 
@@ -35,6 +37,7 @@ def _solve(
     max_new_tokens: int,
     batch_size: int,
     banned: Sequence[int],
+    verifier: str = "math",
 ) -> np.ndarray:
     """Per-problem correctness (1.0 or 0.0) of the model's greedy answers with the `banned` ids suppressed."""
     _, completions = generate_completions(
@@ -42,8 +45,8 @@ def _solve(
         batch_size=batch_size, suppress_tokens=banned or None, show_progress=False,
     )
     correct = [
-        is_correct(extract_numeric_answer(tokenizer.decode(ids, skip_special_tokens=True)), gold)
-        for (_, gold), ids in zip(problems, completions)
+        bool(grade_completion(tokenizer.decode(ids, skip_special_tokens=True), reference, verifier)[1])
+        for (_, reference), ids in zip(problems, completions)
     ]
     return np.asarray(correct, dtype=np.float64)
 
@@ -60,6 +63,7 @@ def knockout(
     min_effect: float = 0.01,
     seed: int = 0,
     show_progress: bool = False,
+    verifier: str = "math",
 ) -> pd.DataFrame:
     """Ban each token in turn at inference (greedy decoding) and test the accuracy change (the paper's §5).
 
@@ -67,6 +71,7 @@ def knockout(
     q-values are Benjamini-Hochberg over all ids. A token is a *Pillar* if the accuracy drops by at least `min_effect`
     and `q < alpha`, a *Stumbling* block if it rises by at least `min_effect` and `q < alpha`, else *Neutral*.
 
+    `verifier` checks the answers (`hf_rockopd.evaluation.verify_answer`: `"math"` or `"gsm8k"`).
     `show_progress` shows a bar over the decodings (the baseline, then one per id) with its ETA.
 
     Returns:
@@ -80,6 +85,9 @@ def knockout(
     """
     if not token_ids:
         raise ValueError("knockout got no token id to ban.")
+    check_verifier(verifier)
+    if verifier == "none":
+        raise ValueError("knockout measures accuracy: give verifier='math' or 'gsm8k', not 'none'.")
     vocab = vocab_size(model)
     bad = [i for i in token_ids if not 0 <= int(i) < vocab]
     if bad:
@@ -88,12 +96,14 @@ def knockout(
 
     # One decoding of every problem per step: the baseline, then one per banned id (minutes each on a CPU).
     bar = tqdm(total=len(token_ids) + 1, desc="knockout", unit="decoding", disable=not show_progress)
-    baseline = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=())
+    baseline = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=(), verifier=verifier)
     bar.update()
     rows = []
     for token_id in token_ids:
         bar.set_postfix(token_id=int(token_id))
-        banned = _solve(model, tokenizer, problems, max_new_tokens, batch_size, banned=[int(token_id)])
+        banned = _solve(
+            model, tokenizer, problems, max_new_tokens, batch_size, banned=[int(token_id)], verifier=verifier
+        )
         bar.update()
         result = paired_bootstrap(baseline, banned, n_resamples=n_resamples, seed=seed, alpha=alpha)
         rows.append({"token_id": int(token_id), "token": tokenizer.decode([int(token_id)]),

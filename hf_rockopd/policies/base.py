@@ -118,6 +118,10 @@ class TokenPolicy(ABC):
     # with it (see `policy_config_class`) and pass them as `config=`.
     config_class: ClassVar[type | None] = None
 
+    # The tokenizer's stop and control ids (`modeling.special_token_ids`), set by the trainer before `setup`: a
+    # selecting policy never picks them as rocks unless its options allow it (freezing eos unteaches stopping).
+    special_ids: tuple[int, ...] = ()
+
     def setup(self, vocab_size: int) -> None:  # noqa: B027 - optional hook
         """Called once by the trainer with the shared vocabulary size; validate ids and allocate statistics here."""
 

@@ -178,11 +178,18 @@ class RockOnlineConfig(PolicyConfig):
         metadata={"help": "Largest relative fall of an id's mean divergence over those refreshes for it to be a rock."},
     )
     weight: float = field(default=0.0, metadata={"help": "Weight of rock positions (0 freezes them)."})
+    allow_special_tokens: bool = field(
+        default=False,
+        metadata={"help": "Let stop and control tokens (eos, pad, the chat template's) become rocks; for research "
+                  "only: freezing the stop token removes the signal that teaches the student when to stop."},
+    )
 
     def __post_init__(self):
         self.top_k = _check_int(self.top_k, "top_k", 1)
         self.min_count = _check_int(self.min_count, "min_count", 1)
         self.exclude_top_frequent = _check_int(self.exclude_top_frequent, "exclude_top_frequent", 0)
+        if not isinstance(self.allow_special_tokens, bool):
+            raise ValueError(f"allow_special_tokens must be true or false, got {self.allow_special_tokens!r}.")
         self.warmup_steps = _check_int(self.warmup_steps, "warmup_steps", 0)
         self.refresh_every = _check_int(self.refresh_every, "refresh_every", 1)
         self.window = _check_int(self.window, "window", 1)

@@ -108,7 +108,11 @@ class RandomMatchedPolicy(TokenPolicy):
             self._draw(self._load_reference())
 
     def _draw(self, counts: torch.Tensor) -> None:
-        self._matched = frequency_matched_ids(self.rock_token_ids, counts, num_bins=self.num_bins, seed=self.seed)
+        # The control never freezes a stop or control token either (as no selection does): it stands for the rocks.
+        self._matched = frequency_matched_ids(
+            self.rock_token_ids, counts, num_bins=self.num_bins, seed=self.seed,
+            exclude_ids=[i for i in self.special_ids if i < self.vocab_size],
+        )
         self._id_mask = _expand_ids_mask(self._matched, self.vocab_size)
         self._reference = counts
 

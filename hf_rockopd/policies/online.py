@@ -43,6 +43,8 @@ class RockOnlinePolicy(TokenPolicy):
         persistence (`int`, defaults to 2): consecutive refreshes an id must stay a candidate.
         stagnation_tol (`float`, defaults to 0.1): largest relative fall of mean divergence over those refreshes.
         weight (`float`, defaults to 0.0): weight of rock positions.
+        allow_special_tokens (`bool`, defaults to False): let the tokenizer's stop and control tokens
+            (`special_ids`, set by the trainer) become rocks; off, as freezing eos unteaches stopping.
         config ([`RockOnlineConfig`], *optional*): the options as one checked object, instead of the keywords.
 
     Example:
@@ -68,6 +70,7 @@ class RockOnlinePolicy(TokenPolicy):
         persistence: int = RockOnlineConfig.persistence,
         stagnation_tol: float = RockOnlineConfig.stagnation_tol,
         weight: float = RockOnlineConfig.weight,
+        allow_special_tokens: bool = RockOnlineConfig.allow_special_tokens,
         *,
         config: RockOnlineConfig | None = None,
     ):
@@ -85,6 +88,7 @@ class RockOnlinePolicy(TokenPolicy):
             persistence=persistence,
             stagnation_tol=stagnation_tol,
             weight=weight,
+            allow_special_tokens=allow_special_tokens,
         )
         self.top_k = self.config.top_k
         self.min_count = self.config.min_count
@@ -96,6 +100,7 @@ class RockOnlinePolicy(TokenPolicy):
         self.persistence = self.config.persistence
         self.stagnation_tol = self.config.stagnation_tol
         self.weight = self.config.weight
+        self.allow_special_tokens = self.config.allow_special_tokens
         self.vocab_size: int | None = None
 
     def setup(self, vocab_size: int) -> None:
@@ -148,7 +153,8 @@ class RockOnlinePolicy(TokenPolicy):
         window_mean = self._totals.mean_divergence()
         self._last_mean = torch.where(measured, window_mean, self._last_mean)
         candidates, scores = select_rock_tokens(
-            self._totals.count, self._last_mean, self.top_k, self.min_count, self.exclude_top_frequent
+            self._totals.count, self._last_mean, self.top_k, self.min_count, self.exclude_top_frequent,
+            exclude_ids=() if self.allow_special_tokens else self.special_ids,
         )
         self._scores = scores
         self._history.append({i: float(self._last_mean[i]) for i in candidates})
@@ -202,6 +208,8 @@ class RockOnlinePolicy(TokenPolicy):
                     "rock_score": None if math.isnan(m) else c * m,
                 }
             )
+        # Best first by R(v) as it stands now (the window has moved since the refresh ranked them); unmeasured last.
+        rows.sort(key=lambda row: -math.inf if row["rock_score"] is None else row["rock_score"], reverse=True)
         return rows
 
     def metrics(self) -> dict[str, float]:

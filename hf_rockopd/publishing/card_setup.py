@@ -23,6 +23,7 @@ from typing import Any
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from ..data.resolve import DEFAULT_CONFIGS
 from ..models.sources import GGUF_SOURCES, describe_model_source
 
 
@@ -52,8 +53,6 @@ SETTING_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 DROPPED_SETTINGS = ("loss_chunk_size",)
 # Names with these endings are files, even when the file is not on this machine (a report rendered elsewhere).
 _FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt", ".gguf", ".safetensors", ".bin")
-# `hf-rockopd distill --dataset_config`'s default (GSM8K's configuration), left out of the card when unchanged.
-_DEFAULT_DATASET_CONFIG = "main"
 
 
 def format_setting(value: Any) -> str:
@@ -85,7 +84,7 @@ def is_hub_id(name: str | None) -> bool:
     """
     if not name or "/" not in name or os.path.exists(name) or name.startswith((".", "~")):
         return False
-    if name.lower().endswith(_FILE_SUFFIXES):  # what distill reads as a file (load_gsm8k_split), run elsewhere
+    if name.lower().endswith(_FILE_SUFFIXES):  # what distill reads as a file (hf_rockopd.data), run elsewhere
         return False
     try:
         validate_repo_id(name)
@@ -145,10 +144,16 @@ def dataset_line(dataset: Mapping[str, Any]) -> str | None:
         return None
     hub_id = hub_dataset_id(dataset)
     if hub_id:
-        config = dataset.get("config") or _DEFAULT_DATASET_CONFIG
-        where = f"`{hub_id}` (config `{config}`, split `{dataset.get('split') or 'train'}`)"
+        # A Hub dataset's config as run: given, else the one distill supplies (`main` for GSM8K), else its default.
+        config = dataset.get("config") or DEFAULT_CONFIGS.get(hub_id)
+        shown = f"config `{config}`, " if config else ""
+        where = f"`{hub_id}` ({shown}split `{dataset.get('split') or 'train'}`)"
     else:
-        where = f"a local JSONL file (`{os.path.basename(str(dataset['name']))}`)"
+        name = os.path.basename(os.path.normpath(str(dataset["name"])))
+        kind = {".jsonl": "JSONL file", ".json": "JSON file", ".parquet": "Parquet file", ".csv": "CSV file"}.get(
+            os.path.splitext(name)[1].lower(), "dataset"
+        )
+        where = f"a local {kind} (`{name}`)"
     sizes = []
     if dataset.get("num_train") is not None:
         sizes.append(f"{dataset['num_train']} training prompts")
@@ -251,8 +256,8 @@ def reproduce_config(report: Mapping[str, Any]) -> dict[str, Any]:
         config["student"] = student["base_model"] if is_hub_id(student["base_model"]) else "<your student model>"
     if student.get("kept_layers"):
         config["student_layers"] = list(student["kept_layers"])
-    config["dataset"] = hub_dataset_id(dataset) or "<your JSONL file with question/answer fields>"
-    if dataset.get("config") not in (None, _DEFAULT_DATASET_CONFIG):
+    config["dataset"] = hub_dataset_id(dataset) or "<your dataset: a Hub id or a JSONL/Parquet/CSV file>"
+    if dataset.get("config") not in (None, DEFAULT_CONFIGS.get(config["dataset"])):
         config["dataset_config"] = dataset["config"]
     for key, option in (("num_train", "num_train_prompts"), ("num_eval", "num_eval_problems")):
         if dataset.get(key) is not None:

@@ -92,6 +92,12 @@ class OnPolicyChatMLCollator(DataCollatorForChatML):
         completion_ids = completion_ids[: self.max_length - len(prompt_ids)]
         ids = prompt_ids + completion_ids
         fitted = dict(example)
+        messages = example.get(self.messages_key)
+        if example.get(self.prompt_key) is None and messages and messages[-1].get("role") != "assistant":
+            # TRL's collator formats `messages[:-1]` as the prompt; a chat without its answer turn is all prompt.
+            fitted[self.prompt_key] = self.tokenizer.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False
+            )
         fitted.update(
             input_ids=ids,
             attention_mask=[1] * len(ids),

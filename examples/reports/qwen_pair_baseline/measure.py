@@ -13,17 +13,15 @@ import time
 
 import torch
 
-from hf_rockopd.distill import load_gsm8k_split
+from hf_rockopd.data import split_dataset
 from hf_rockopd.evaluation import evaluate_gsm8k, format_results_table
-from hf_rockopd.gsm8k import load_gsm8k_problems
 from hf_rockopd.models import resolve_causal_lm
-from hf_rockopd.teacher_reference import TeacherReference
+from hf_rockopd.evaluation.teacher_reference import TeacherReference
 
 reference_path, out_dir = sys.argv[1], sys.argv[2]
 torch.manual_seed(0)
 # The distill job's split (examples/configs/distill_qwen.yaml: 128 training prompts, 16 held out, seed 42).
-_, held_out = load_gsm8k_split("../shared/data/gsm8k/train.jsonl", 128, 16, seed=42)
-problems = load_gsm8k_problems(held_out)
+problems = split_dataset("openai/gsm8k", 128, 16, seed=42).problems  # the distill job's held-out problems
 started = time.perf_counter()
 teacher = resolve_causal_lm("Qwen/Qwen2.5-Coder-1.5B-Instruct")
 student = resolve_causal_lm("Qwen/Qwen2.5-Coder-0.5B-Instruct")

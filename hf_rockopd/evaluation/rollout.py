@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .losses import per_token_divergence
-from .modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
+from ..losses import per_token_divergence
+from ..modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 
 
 __all__ = [
@@ -45,19 +45,20 @@ Chat = list[dict[str, str]]
 
 
 def as_chat(prompt: Any) -> Chat:
-    """A prompt as chat messages: a string is one user message, a `(messages, gold)` problem its messages.
+    """A prompt as chat messages: a string is one user message, a `(messages, reference)` problem its messages.
 
     Example:
     ```python
-    >>> from hf_rockopd.rollout import as_chat
+    >>> from hf_rockopd.evaluation.rollout import as_chat
     >>> as_chat("1 + 1?"), as_chat(([{"role": "user", "content": "2 + 2?"}], 4.0))
     ([{'role': 'user', 'content': '1 + 1?'}], [{'role': 'user', 'content': '2 + 2?'}])
     ```
     """
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    # A chat's items are message dicts, never numbers, so a pair ending in a number is a problem.
-    if isinstance(prompt, (tuple, list)) and len(prompt) == 2 and isinstance(prompt[1], (int, float)):
+    # A chat's items are message dicts, never numbers or strings, so a pair ending in a reference answer is a problem.
+    pair = isinstance(prompt, (tuple, list)) and len(prompt) == 2
+    if pair and (prompt[1] is None or isinstance(prompt[1], (int, float, str))):
         return list(prompt[0])
     return list(prompt)
 
@@ -76,7 +77,7 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[Any]) -> list[list[int]]:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.rollout import encode_prompts
+    >>> from hf_rockopd.evaluation.rollout import encode_prompts
     >>> tokenizer = build_tiny_tokenizer()
     >>> encode_prompts(tokenizer, ["hi"]) == encode_prompts(tokenizer, [([{"role": "user", "content": "hi"}], 0.0)])
     True
@@ -161,7 +162,7 @@ def generate_completions(
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.rollout import generate_completions
+    >>> from hf_rockopd.evaluation.rollout import generate_completions
     >>> tokenizer = build_tiny_tokenizer()
     >>> prompts, completions = generate_completions(build_tiny_causal_lm(tokenizer), tokenizer, ["hi", "2 + 2?"],
     ...                                             max_new_tokens=4, show_progress=False)

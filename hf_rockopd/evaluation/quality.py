@@ -67,7 +67,7 @@ def strip_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import strip_stop
+    >>> from hf_rockopd.evaluation.quality import strip_stop
     >>> strip_stop([5, 6, 2, 0, 0], [2])
     [5, 6]
     ```
@@ -90,7 +90,7 @@ def repeated_ngram_fraction(tokens: Sequence[Hashable], n: int = DEFAULT_NGRAM) 
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import repeated_ngram_fraction
+    >>> from hf_rockopd.evaluation.quality import repeated_ngram_fraction
     >>> repeated_ngram_fraction([1, 2, 3, 4, 5])
     0.0
     >>> repeated_ngram_fraction([1, 2, 1, 2, 1, 2, 1], n=2)  # 6 bigrams, 2 distinct
@@ -110,7 +110,7 @@ def distinct_n(completions: Iterable[Sequence[Hashable]], n: int = 1) -> float:
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import distinct_n
+    >>> from hf_rockopd.evaluation.quality import distinct_n
     >>> distinct_n([[1, 2, 3], [1, 2, 4]], n=1), distinct_n([[1, 2, 3], [1, 2, 4]], n=2)
     (0.6666666666666666, 0.75)
     ```
@@ -129,7 +129,7 @@ def is_finished(ids: Sequence[int], stop_ids: Iterable[int], max_new_tokens: int
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import is_finished
+    >>> from hf_rockopd.evaluation.quality import is_finished
     >>> is_finished([5, 6, 2, 0], stop_ids=[2], max_new_tokens=4), is_finished([5, 6, 7, 8], [2], 4)
     (True, False)
     ```
@@ -146,7 +146,7 @@ def is_clipped(ids: Sequence[int], stop_ids: Iterable[int], max_new_tokens: int)
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import is_clipped
+    >>> from hf_rockopd.evaluation.quality import is_clipped
     >>> is_clipped([5, 6, 7, 8], stop_ids=[2], max_new_tokens=4), is_clipped([5, 6], [2], 4)
     (True, False)
     ```
@@ -166,7 +166,7 @@ class Proportion:
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import Proportion
+    >>> from hf_rockopd.evaluation.quality import Proportion
     >>> Proportion(successes=0, trials=0, estimate=float("nan"), low=float("nan"), high=float("nan")).to_dict()
     {'successes': 0, 'trials': 0, 'estimate': None, 'low': None, 'high': None, 'confidence': 0.95}
     ```
@@ -198,7 +198,7 @@ def accuracy_interval(correct: int | Sequence[bool], trials: int | None = None, 
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import accuracy_interval
+    >>> from hf_rockopd.evaluation.quality import accuracy_interval
     >>> accuracy_interval(3, 8).format()
     '0.375 [0.137, 0.694]'
     >>> accuracy_interval([True, False, False, False]).estimate
@@ -248,7 +248,7 @@ class TextQuality:
     Example:
     ```python
     >>> import json
-    >>> from hf_rockopd.quality import TextQuality, text_quality
+    >>> from hf_rockopd.evaluation.quality import TextQuality, text_quality
     >>> q = text_quality([[5, 6, 2], [5, 7, 8, 9]], stop_ids=[2], max_new_tokens=4, correct=[True, False])
     >>> q.accuracy.format(), q.finished_rate
     ('0.500 [0.095, 0.905]', 0.5)
@@ -314,7 +314,7 @@ def completion_quality(
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import completion_quality
+    >>> from hf_rockopd.evaluation.quality import completion_quality
     >>> completion_quality([4, 5, 6] * 6, stop_ids=[2], max_new_tokens=18)
     {'finished': 0.0, 'clipped': 1.0, 'loop': 1.0, 'repeated_ngram_fraction': 0.8, 'length': 18.0}
     ```
@@ -356,7 +356,7 @@ def text_quality(
 
     Example:
     ```python
-    >>> from hf_rockopd.quality import text_quality
+    >>> from hf_rockopd.evaluation.quality import text_quality
     >>> looping = [[4, 5, 6] * 6]                 # never stops, repeats a 3-token span 6 times
     >>> q = text_quality(looping, stop_ids=[2], max_new_tokens=18)
     >>> q.loop_rate, q.clipped_rate, round(q.repeated_ngram_fraction, 3)

@@ -1,11 +1,13 @@
 """GSM8K evaluation of a student: accuracy, text quality, teacher-forced and on-policy divergence to the teacher.
 
-The student answers held-out problems greedily (`hf_rockopd.rollout.generate_completions`: batched, left-padded, chat
+The student answers held-out problems greedily (`hf_rockopd.evaluation.rollout.generate_completions`: batched, left-padded, chat
 template, KV cache). Its own completions are then scored (`rollout.score_completions`) the way training scores them: at every completion position, the full-vocabulary divergence
 (`hf_rockopd.losses.per_token_divergence`, TRL's `beta` convention, at the training temperature) between the student's
 and the teacher's distributions that predicted the generated token. The results:
 
-- `accuracy`: share of problems whose final numeric answer (`extract_numeric_answer`) equals the gold one;
+- `accuracy`: share of problems whose final answer equals the reference, checked by `math-verify`
+  (`verify_answer`, `--verifier math|gsm8k|none`); a completion without a final-answer marker (`\\boxed{}`, `####`,
+  "the answer is") has no prediction and is wrong, and `cut_ratio` counts those that hit the token limit;
 - `mean_divergence`: mean per-token divergence over all completion tokens (up to and including eos), and
   `mean_divergence_non_rock` over the tokens outside a rock set (the ones training does not freeze);
 - `top1_agreement`: share of completion positions where the student's and the teacher's argmax agree.
@@ -16,17 +18,17 @@ worse. Beside them, measures a degenerate student cannot fool:
 
 - `accuracy_low` / `accuracy_high`: the accuracy's 95 % Wilson interval (`quality.accuracy_interval`);
 - `finished_rate`, `loop_rate`, `repeated_ngram_fraction`, `distinct_1`, `distinct_2`: the text itself
-  (`hf_rockopd.quality`): answers that end, completions containing a loop, repeated 4-grams, corpus distinct-n;
+  (`hf_rockopd.evaluation.quality`): answers that end, completions containing a loop, repeated 4-grams, corpus distinct-n;
 - `teacher_forced_divergence` / `teacher_forced_top1_agreement`: the student scored, with the same divergence, on the
-  teacher's own greedy completions of the same problems (`hf_rockopd.teacher_reference`), text it did not write;
+  teacher's own greedy completions of the same problems (`hf_rockopd.evaluation.teacher_reference`), text it did not write;
 - `teacher_accuracy` (with its interval): the teacher on the same problems, the ceiling.
 
 Example:
 ```python
 from hf_rockopd.evaluation import evaluate_gsm8k
-from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.data import load_problems
 
-problems = load_gsm8k_problems("gsm8k/train.jsonl", limit=32, tail=True)  # or "openai/gsm8k", or a Dataset
+problems = load_problems("HuggingFaceH4/MATH-500", split="test", limit=32)  # any dataset in TRL's formats
 reference = load_or_build_teacher_reference("run/teacher_reference.json", teacher, tokenizer, problems)
 result = evaluate_gsm8k(student, tokenizer, problems, teacher=teacher, teacher_reference=reference,
                         rock_ids="run/rock_tokens.json")
@@ -48,17 +50,18 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from .gsm8k import Problem, extract_numeric_answer, is_correct
-from .modeling import check_same_vocabulary, eos_token_ids, vocab_size
+from .answers import check_verifier, grade_completion, reference_answer, verify_answer
+from ..data.chat import Problem
+from ..modeling import check_same_vocabulary, eos_token_ids, vocab_size
 from .quality import completion_quality, numeric_token_ids, text_quality
-from .results_table import format_results_table
-from .rock_set import load_rock_set, validate_token_ids
+from .table import format_results_table
+from ..rock_set import load_rock_set, validate_token_ids
 from .rollout import generate_completions, pad_token_id, score_completions
 from .teacher_reference import TeacherReference, build_teacher_reference
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["EvalResult", "evaluate_completions", "evaluate_gsm8k", "format_results_table"]
+__all__ = ["EvalResult", "evaluate_completions", "evaluate_gsm8k", "format_results_table", "verify_answer"]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Results
@@ -70,7 +73,7 @@ class EvalResult:
     """The evaluation of a student on GSM8K-style problems; `to_dict()` is the JSON the run report stores.
 
     Parameters:
-        accuracy: share of problems whose extracted final answer equals the gold one.
+        accuracy: share of problems whose final answer equals the reference (None with `verifier="none"`).
         num_problems: problems evaluated.
         mean_divergence: the **on-policy** divergence: mean per-token divergence of the student's own greedy
             completions against the teacher over all completion tokens (None without a teacher).
@@ -80,6 +83,8 @@ class EvalResult:
         num_tokens: completion tokens scored (up to and including each eos).
         mean_completion_length: mean completion length in tokens.
         clipped_ratio: share of completions that hit `max_new_tokens` without an eos.
+        cut_ratio: share of completions that hit `max_new_tokens` without an eos and without a final answer: no
+            prediction, counted wrong.
         accuracy_low, accuracy_high: the accuracy's 95 % Wilson interval.
         finished_rate: share of completions that end with a stop id before `max_new_tokens`.
         loop_rate: share of completions containing a loop (`quality.find_loop`).
@@ -107,7 +112,7 @@ class EvalResult:
     ```
     """
 
-    accuracy: float
+    accuracy: float | None
     num_problems: int
     mean_divergence: float | None
     mean_divergence_non_rock: float | None
@@ -128,6 +133,7 @@ class EvalResult:
     teacher_accuracy_high: float | None = None
     teacher_forced_divergence: float | None = None
     teacher_forced_top1_agreement: float | None = None
+    cut_ratio: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     records: list[dict[str, Any]] | None = field(default=None, compare=False, repr=False)
     # Per completion token, in order: the generated id and its divergence; never serialized, kept so that
@@ -215,15 +221,24 @@ def _rock_id_list(rock_ids: Any, vocab_size: int) -> list[int] | None:
     return validate_token_ids(list(rock_ids), vocab_size, source="rock_ids")
 
 
-def _check_problems(problems: Sequence[Problem]) -> None:
+def _check_problems(problems: Sequence[Problem], verifier: str = "none") -> None:
+    """Every problem a (messages, reference) pair whose reference `verifier` can read: checked before generation."""
+    check_verifier(verifier)
     if len(problems) == 0:
-        raise ValueError("No problem to evaluate. Give at least one (messages, gold) problem (see load_gsm8k_problems).")
+        raise ValueError("No problem to evaluate. Give at least one (messages, reference) problem (see load_problems).")
     for index, problem in enumerate(problems):
-        if not (isinstance(problem, (tuple, list)) and len(problem) == 2 and isinstance(problem[1], (int, float))):
+        pair = isinstance(problem, (tuple, list)) and len(problem) == 2
+        # No reference is fine when no accuracy is scored (a prompt-only dataset).
+        if not pair or not (isinstance(problem[1], (int, float, str)) or (problem[1] is None and verifier == "none")):
             raise ValueError(
-                f"Problem {index} is {problem!r:.80}; a problem is a (messages, gold number) pair, as "
-                "load_gsm8k_problems returns."
+                f"Problem {index} is {problem!r:.80}; a problem is a (messages, reference answer) pair, as "
+                "load_problems returns."
             )
+        if verifier != "none":
+            try:
+                reference_answer(problem[1], verifier)
+            except ValueError as err:
+                raise ValueError(f"Problem {index}: {err}") from None
 
 
 def _nan_to_none(value: float) -> float | None:
@@ -261,6 +276,8 @@ def evaluate_completions(
     beta: float = 1.0,
     temperature: float = 1.0,
     show_progress: bool = False,
+    verifier: str = "math",
+    last_number: bool = False,
 ) -> EvalResult:
     """Evaluate given completions of `problems` (by the student `model`): accuracy, quality, divergence, agreement.
 
@@ -277,7 +294,7 @@ def evaluate_completions(
     result = evaluate_completions(student, tokenizer, problems, prompts, completions, teacher=teacher)
     ```
     """
-    _check_problems(problems)
+    _check_problems(problems, verifier)
     if not len(problems) == len(prompt_ids) == len(completion_ids):
         raise ValueError(
             f"Got {len(problems)} problems, {len(prompt_ids)} prompts and {len(completion_ids)} completions; give one "
@@ -294,26 +311,31 @@ def evaluate_completions(
     numeric = numeric_token_ids(tokenizer)
 
     records = []
+    grading = {"verifier": verifier, "last_number": last_number}
     for (_, gold), completion in zip(problems, completion_ids):
         text = tokenizer.decode(list(completion), skip_special_tokens=True)
-        prediction = extract_numeric_answer(text)
         ended = any(int(t) in eos_ids for t in completion)
+        clipped = not ended and len(completion) >= max_new_tokens
+        prediction, correct = grade_completion(text, gold, cut=clipped, **grading)
         quality = completion_quality(completion, eos_ids, max_new_tokens, numeric=numeric)
         records.append(
             {
                 "gold": gold,
                 "prediction": prediction,
-                "correct": is_correct(prediction, gold),
+                "correct": correct,
+                "cut": clipped and prediction is None,
                 "num_tokens": len(completion),
-                "clipped": not ended and len(completion) >= max_new_tokens,
+                "clipped": clipped,
                 "finished": bool(quality["finished"]),
                 "loop": bool(quality["loop"]),
                 "repeated_ngram_fraction": _nan_to_none(quality["repeated_ngram_fraction"]),
                 "completion": text,
             }
         )
+    scored = verifier != "none"
     quality = text_quality(
-        completion_ids, eos_ids, max_new_tokens, correct=[r["correct"] for r in records], numeric=numeric
+        completion_ids, eos_ids, max_new_tokens, correct=[r["correct"] for r in records] if scored else None,
+        numeric=numeric,
     )
     lengths = [r["num_tokens"] for r in records]
     num_tokens = sum(lengths)
@@ -334,9 +356,11 @@ def evaluate_completions(
 
     teacher_accuracy = teacher_forced = teacher_agreement = None
     if teacher_reference is not None:
-        teacher_accuracy = teacher_reference.accuracy()
+        # Graded here, with this evaluation's verifier, whatever the reference file was graded with.
+        teacher_reference = teacher_reference.regrade(tokenizer, problems, **grading)
+        teacher_accuracy = teacher_reference.accuracy() if scored else None
         for record, flag in zip(records, teacher_reference.correct):
-            record["teacher_correct"] = bool(flag)
+            record["teacher_correct"] = bool(flag) if scored else None
         if teacher is not None:
             # The student on the teacher's own completions: text it did not write, which a loop cannot game.
             forced, forced_divergence = _score(
@@ -351,7 +375,7 @@ def evaluate_completions(
 
     accuracy = quality.accuracy
     result = EvalResult(
-        accuracy=sum(r["correct"] for r in records) / len(records),
+        accuracy=sum(r["correct"] for r in records) / len(records) if scored else None,
         num_problems=len(records),
         mean_divergence=mean_div,
         mean_divergence_non_rock=mean_div_non_rock,
@@ -360,8 +384,9 @@ def evaluate_completions(
         num_tokens=num_tokens,
         mean_completion_length=num_tokens / len(records),
         clipped_ratio=sum(r["clipped"] for r in records) / len(records),
-        accuracy_low=accuracy.low,
-        accuracy_high=accuracy.high,
+        accuracy_low=None if accuracy is None else accuracy.low,
+        accuracy_high=None if accuracy is None else accuracy.high,
+        cut_ratio=sum(r["cut"] for r in records) / len(records),
         finished_rate=_nan_to_none(quality.finished_rate),
         loop_rate=_nan_to_none(quality.loop_rate),
         repeated_ngram_fraction=_nan_to_none(quality.repeated_ngram_fraction),
@@ -380,6 +405,8 @@ def evaluate_completions(
             "num_rock_ids": len(rocks) if rocks is not None else 0,
             "teacher": teacher is not None,
             "decoding": "greedy",
+            "verifier": verifier,
+            "last_number_fallback": last_number,
             "teacher_reference": None if teacher_reference is None else teacher_reference.fingerprint(),
             "scoring_seconds": round(time.perf_counter() - started, 3),
         },
@@ -403,6 +430,8 @@ def evaluate_gsm8k(
     beta: float = 1.0,
     temperature: float = 1.0,
     show_progress: bool = True,
+    verifier: str = "math",
+    last_number: bool = False,
 ) -> EvalResult:
     """Evaluate a student on GSM8K-style problems: accuracy, text quality, teacher-forced and on-policy divergence.
 
@@ -414,7 +443,8 @@ def evaluate_gsm8k(
     Args:
         model: the student.
         tokenizer: its tokenizer (shared with the teacher); its chat template formats the questions.
-        problems: `(messages, gold)` pairs (`load_gsm8k_problems`).
+        problems: `(messages, reference)` pairs (`hf_rockopd.data.load_problems`); a reference may be None with
+            `verifier="none"`.
         teacher: the teacher; without one only accuracy, text quality and lengths are measured.
         teacher_reference: the teacher's completions of `problems` (`teacher_reference.TeacherReference`, or the path
             of its JSON file), made with this tokenizer and `max_new_tokens` (else a `ValueError`). With a teacher and
@@ -426,18 +456,22 @@ def evaluate_gsm8k(
         batch_size: problems per generation and scoring batch.
         beta, temperature: the divergence, as in training (TRL's convention: 1 reverse KL, 0 forward KL).
         show_progress: tqdm bars for generation and scoring.
+        verifier: how answers are checked (`verify_answer`): `"math"` (final answers, `\\boxed{}`), `"gsm8k"`
+            (`#### n` references) or `"none"` (no accuracy; every other measure still).
+        last_number: credit the last number of a finished completion that has no final-answer marker (off by
+            default; never for a cut completion).
 
     Returns:
         `EvalResult`, with per-problem `records`.
 
     Example:
     ```python
-    result = evaluate_gsm8k(student, tokenizer, load_gsm8k_problems("gsm8k.jsonl", limit=32, tail=True),
+    result = evaluate_gsm8k(student, tokenizer, load_problems("openai/gsm8k", limit=32, tail=True),
                             teacher=teacher, rock_ids="run/rock_tokens.json", max_new_tokens=256)
     print(result.accuracy, result.teacher_forced_divergence, result.loop_rate, result.mean_divergence)
     ```
     """
-    _check_problems(problems)
+    _check_problems(problems, verifier)
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     # Bad rock sets, vocabularies and references fail here, before minutes of generation.
@@ -464,7 +498,7 @@ def evaluate_gsm8k(
     result = evaluate_completions(
         model, tokenizer, problems, prompts, completions, teacher=teacher, teacher_reference=teacher_reference,
         rock_ids=rock_ids, max_new_tokens=max_new_tokens, batch_size=batch_size, beta=beta, temperature=temperature,
-        show_progress=show_progress,
+        show_progress=show_progress, verifier=verifier, last_number=last_number,
     )
     result.settings["generation_seconds"] = round(generation_seconds, 3)
     if teacher_seconds is not None:

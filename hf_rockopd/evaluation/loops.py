@@ -2,7 +2,7 @@
 
 `find_loop` finds the longest one in a completion (token ids, or texts cut with `split_text`), `loop_rate` is the
 share of completions that contain one, and `numeric_token_ids` names the ids that only write numbers, whose
-repetition ("3.846153846…") is a repeating decimal, not degenerate text. `hf_rockopd.quality` reports them with the
+repetition ("3.846153846…") is a repeating decimal, not degenerate text. `hf_rockopd.evaluation.quality` reports them with the
 other text measures.
 """
 
@@ -49,7 +49,7 @@ def split_text(text: str) -> list[str]:
 
     Example:
     ```python
-    >>> from hf_rockopd.loops import split_text
+    >>> from hf_rockopd.evaluation.loops import split_text
     >>> split_text("He has 20 cookies, 20 cookies.")
     ['He', ' has', ' ', '2', '0', ' cookies', ',', ' ', '2', '0', ' cookies', '.']
     ```
@@ -68,7 +68,7 @@ class Loop:
 
     Example:
     ```python
-    >>> from hf_rockopd.loops import Loop
+    >>> from hf_rockopd.evaluation.loops import Loop
     >>> Loop(start=2, period=3, repeats=3.0, span=9).to_dict()
     {'start': 2, 'period': 3, 'repeats': 3.0, 'span': 9}
     ```
@@ -94,7 +94,7 @@ def numeric_token_ids(tokenizer: Any) -> frozenset[int]:
 
     Example:
     ```python
-    >>> from hf_rockopd.loops import numeric_token_ids
+    >>> from hf_rockopd.evaluation.loops import numeric_token_ids
     >>> from hf_rockopd.models import build_tiny_tokenizer
     >>> tokenizer = build_tiny_tokenizer()
     >>> ids = numeric_token_ids(tokenizer)
@@ -137,7 +137,7 @@ def find_loop(
 
     Example:
     ```python
-    >>> from hf_rockopd.loops import find_loop, split_text
+    >>> from hf_rockopd.evaluation.loops import find_loop, split_text
     >>> find_loop(split_text("So he has 20 cookies, 20 cookies, 20 cookies"))
     Loop(start=3, period=5, repeats=2.8, span=14)
     >>> find_loop(split_text("Natalia sold 48/2 = 24 clips in May and 48+24 = 72 clips in all.")) is None
@@ -194,7 +194,7 @@ def loop_rate(
 
     Example:
     ```python
-    >>> from hf_rockopd.loops import loop_rate
+    >>> from hf_rockopd.evaluation.loops import loop_rate
     >>> loop_rate([[1, 2, 3, 4], [5, 6] * 8])
     0.5
     ```

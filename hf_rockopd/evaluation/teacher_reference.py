@@ -14,7 +14,7 @@ naming what differs: a cache made with other settings is never silently reused.
 
 Example:
 ```python
-from hf_rockopd.teacher_reference import load_or_build_teacher_reference
+from hf_rockopd.evaluation.teacher_reference import load_or_build_teacher_reference
 
 reference = load_or_build_teacher_reference("run/teacher_reference.json", teacher, tokenizer, problems,
                                             teacher_name="Qwen/Qwen2.5-Coder-1.5B-Instruct", max_new_tokens=256)
@@ -28,14 +28,15 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 from transformers.utils import logging
 
-from .gsm8k import Problem, extract_numeric_answer, is_correct
-from .modeling import eos_token_ids
+from .answers import grade_completion
+from ..data.chat import Problem
+from ..modeling import eos_token_ids
 from .quality import Proportion, accuracy_interval
 from .rollout import as_chat, generate_completions
 
@@ -74,17 +75,18 @@ def _sha256(data: Any) -> str:
 
 
 def problems_fingerprint(problems: Sequence[Problem]) -> str:
-    """sha256 of the problems (their chat messages and gold answers, in order).
+    """sha256 of the problems (their chat messages and reference answers, in order).
 
     Example:
     ```python
-    >>> from hf_rockopd.teacher_reference import problems_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import problems_fingerprint
     >>> a = [([{"role": "user", "content": "1 + 1?"}], 2.0)]
     >>> problems_fingerprint(a) == problems_fingerprint(list(a)), problems_fingerprint(a) == problems_fingerprint(a * 2)
     (True, False)
     ```
     """
-    return _sha256([[as_chat(p), float(p[1])] for p in problems])
+    # A number keeps the float form older files were keyed with; a text reference (MATH, chat data) is kept as text.
+    return _sha256([[as_chat(p), p[1] if p[1] is None or isinstance(p[1], str) else float(p[1])] for p in problems])
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -93,7 +95,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import tokenizer_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import tokenizer_fingerprint
     >>> len(tokenizer_fingerprint(build_tiny_tokenizer()))
     64
     ```
@@ -117,7 +119,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm
-    >>> from hf_rockopd.teacher_reference import model_fingerprint
+    >>> from hf_rockopd.evaluation.teacher_reference import model_fingerprint
     >>> model_fingerprint(build_tiny_causal_lm(seed=0)) == model_fingerprint(build_tiny_causal_lm(seed=1))
     False
     ```
@@ -145,12 +147,13 @@ class TeacherReference:
         max_new_tokens: the generation limit.
         stop_ids: the ids that ended a completion (`modeling.eos_token_ids` of the teacher).
         prompt_ids, completion_ids: per problem, as `rollout.generate_completions` returns them.
-        predictions, correct: the teacher's extracted answer and whether it equals the gold one.
+        predictions, correct: the teacher's extracted answer (None: none found) and whether it equals the reference;
+            `regrade` grades them again with another verifier.
         format_version: `FORMAT_VERSION` of the file.
 
     Example:
     ```python
-    >>> from hf_rockopd.teacher_reference import TeacherReference
+    >>> from hf_rockopd.evaluation.teacher_reference import TeacherReference
     >>> r = TeacherReference(teacher="t", teacher_fingerprint="a", tokenizer_fingerprint="b", problems_fingerprint="c",
     ...                      max_new_tokens=8, stop_ids=[2], prompt_ids=[[1]], completion_ids=[[5, 2]],
     ...                      predictions=[4.0], correct=[True])
@@ -167,7 +170,7 @@ class TeacherReference:
     stop_ids: list[int]
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    predictions: list[float | None]
+    predictions: list[str | float | None]
     correct: list[bool]
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -184,6 +187,15 @@ class TeacherReference:
     def accuracy(self, confidence: float = 0.95) -> Proportion:
         """The teacher's accuracy with its Wilson interval: the ceiling of a student on these problems."""
         return accuracy_interval(self.correct, confidence=confidence)
+
+    def regrade(
+        self, tokenizer: Any, problems: Sequence[Problem], verifier: str = "math", last_number: bool = False
+    ) -> TeacherReference:
+        """A copy whose predictions and flags are graded by `verifier` (`answers.grade_completion`), as the
+        evaluation grades the student: a file built with one verifier serves an evaluation with another."""
+        predictions, correct = _grade(self.completion_ids, tokenizer, problems, self.stop_ids, self.max_new_tokens,
+                                      verifier, last_number)
+        return replace(self, predictions=predictions, correct=[bool(c) for c in correct])
 
     def key(self) -> dict[str, Any]:
         """The settings a cached file must match to be reused."""
@@ -289,6 +301,18 @@ def _expected_key(
     }
 
 
+def _grade(completions, tokenizer, problems, stop_ids, max_new_tokens, verifier, last_number):
+    stops = {int(t) for t in stop_ids}
+    graded = [
+        grade_completion(
+            tokenizer.decode(c, skip_special_tokens=True), reference, verifier, last_number=last_number,
+            cut=len(c) >= max_new_tokens and not any(int(t) in stops for t in c),
+        )
+        for c, (_, reference) in zip(completions, problems)
+    ]
+    return [p for p, _ in graded], [bool(c) for _, c in graded]
+
+
 def build_teacher_reference(
     teacher: torch.nn.Module,
     tokenizer: Any,
@@ -298,13 +322,16 @@ def build_teacher_reference(
     max_new_tokens: int = 256,
     batch_size: int = 8,
     show_progress: bool = False,
+    verifier: str = "math",
+    last_number: bool = False,
 ) -> TeacherReference:
-    """The teacher's greedy completions of `problems` (`rollout.generate_completions`) and their correctness.
+    """The teacher's greedy completions of `problems` (`rollout.generate_completions`) and their correctness
+    (`answers.grade_completion` with `verifier` and `last_number`).
 
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import build_teacher_reference
+    >>> from hf_rockopd.evaluation.teacher_reference import build_teacher_reference
     >>> tokenizer = build_tiny_tokenizer()
     >>> reference = build_teacher_reference(build_tiny_causal_lm(tokenizer), tokenizer,
     ...                                     [([{"role": "user", "content": "1 + 1?"}], 2.0)], max_new_tokens=4)
@@ -316,8 +343,8 @@ def build_teacher_reference(
     prompts, completions = generate_completions(
         teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
     )
-    predictions = [extract_numeric_answer(tokenizer.decode(c, skip_special_tokens=True)) for c in completions]
-    correct = [is_correct(p, gold) for p, (_, gold) in zip(predictions, problems)]
+    predictions, correct = _grade(completions, tokenizer, problems, key["stop_ids"], max_new_tokens, verifier,
+                                  last_number)
     return TeacherReference(
         **{k: v for k, v in key.items() if k != "format_version"},
         prompt_ids=prompts,
@@ -349,7 +376,7 @@ def load_or_build_teacher_reference(
     ```python
     >>> import tempfile, os
     >>> from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-    >>> from hf_rockopd.teacher_reference import load_or_build_teacher_reference
+    >>> from hf_rockopd.evaluation.teacher_reference import load_or_build_teacher_reference
     >>> tokenizer, teacher = build_tiny_tokenizer(), build_tiny_causal_lm()
     >>> problems = [([{"role": "user", "content": "1 + 1?"}], 2.0)]
     >>> path = os.path.join(tempfile.mkdtemp(), "teacher_reference.json")
