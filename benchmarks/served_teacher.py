@@ -16,13 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+
+from .loss_path import cpu_description
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             server.kill()
             server.wait()
     summary = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{cpu_description()}, {os.cpu_count()} cores",
         "command": "python -m benchmarks.served_teacher " + " ".join(argv or sys.argv[1:]),
         "top_k": args.top_k,
         "results": results,

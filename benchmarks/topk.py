@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import random
 import time
 from pathlib import Path
@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+from .loss_path import cpu_description
 
 
 KS = (1, 4, 16, 64, 256)
@@ -243,6 +246,8 @@ def write_report(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                 if sel:
                     ax.plot([r["k"] for r in sel], [r[key] for r in sel], marker="o", label=f"{dataset}, beta {beta:g}")
         ax.set_xscale("log", base=2)
+        if key == "wire_bytes_per_token":
+            ax.set_yscale("log")
         ax.set_xlabel("k (teacher log-probabilities per position)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -298,8 +303,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = summarize(batches, args.ks, args.betas, tokenizer)
     meta = {
         "teacher": args.teacher, "student": args.student, "lora_r": args.lora_r, "max_new_tokens": args.max_new_tokens,
-        "problems": args.problems, "seed": args.seed, "command": "python -m benchmarks.topk " + " ".join(argv or []),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "problems": args.problems, "seed": args.seed,
+        "command": "python -m benchmarks.topk " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": f"{cpu_description()}, {os.cpu_count()} cores, torch {torch.__version__}",
     }  # fmt: skip
     write_report(out, rows, meta)
     return {"meta": meta, "rows": rows}
