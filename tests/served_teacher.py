@@ -15,6 +15,19 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def save_tiny_teacher(path: str | os.PathLike, seed: int = 1, head_scale: float = 1.0) -> str:
+    """A tiny teacher (the conftest `teacher`'s weights at seed 1) and its tokenizer saved to `path`; `head_scale`
+    multiplies its output head (a peaked teacher)."""
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_causal_lm(tokenizer, seed=seed, num_hidden_layers=3)
+    model.lm_head.weight.data *= head_scale
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,9 +9,8 @@ import math
 import pytest
 import requests
 import torch
-from served_teacher import TeacherServer, free_port
+from served_teacher import TeacherServer, free_port, save_tiny_teacher
 
-from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.teachers import ModelTopKTeacher, TeacherClient, TeacherServerError
 from hf_rockopd.teachers.protocol import MalformedTeacherResponse, parse_prompt_logprobs
 
@@ -55,14 +54,8 @@ def test_malformed_answers_are_refused(mutate, message):
 
 # ------------------------------------------------------------------------------------------------ real server ----
 @pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, ):
-    from hf_rockopd.models import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    path = tmp_path_factory.mktemp("teacher")
-    build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def teacher_dir(tmp_path_factory):
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,9 @@ import os
 import pytest
 import torch
 from conftest import make_args
-from served_teacher import TeacherServer, free_port
+from served_teacher import TeacherServer, free_port, save_tiny_teacher
 
-from hf_rockopd import RockOPDConfig
-from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.rock_set import load_rock_tokens
 from hf_rockopd.teachers import TeacherServerError
 
@@ -22,11 +21,7 @@ VOCAB = 259
 
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
-    tokenizer = build_tiny_tokenizer()
-    path = tmp_path_factory.mktemp("teacher")
-    build_tiny_causal_lm(tokenizer, seed=1, num_hidden_layers=3).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
 
 
 @pytest.fixture(scope="module")
@@ -184,16 +179,10 @@ def test_malformed_answer_fails_the_step_naming_it(kind, tmp_path, tokenizer, mo
 # ---------------------------------------------------------------------------------------------- several teachers ----
 @pytest.fixture(scope="module")
 def two_servers(tmp_path_factory):
-    tokenizer = build_tiny_tokenizer()
     servers = {}
-    for name, seed in (("a", 1), ("b", 2)):
-        path = tmp_path_factory.mktemp(f"teacher_{name}")
-        model = build_tiny_causal_lm(tokenizer, seed=seed, num_hidden_layers=3)
-        if name == "b":
-            # A peaked teacher: tiny random models are all near-uniform, so two of them barely differ in loss.
-            model.lm_head.weight.data *= 50
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+    # b is peaked: tiny random models are all near-uniform, so two of them barely differ in loss.
+    for name, seed, scale in (("a", 1, 1.0), ("b", 2, 50.0)):
+        path = save_tiny_teacher(tmp_path_factory.mktemp(f"teacher_{name}"), seed=seed, head_scale=scale)
         servers[name] = TeacherServer(path, max_top_k=VOCAB).start()
     yield servers
     for served in servers.values():
