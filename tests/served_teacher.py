@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,3 +74,20 @@ class TeacherServer:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self.proc = None
+
+
+VOCAB = 259  # the tiny tokenizer's
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """The tiny teacher saved once per test module."""
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
+
+
+@pytest.fixture(scope="module")
+def server(teacher_dir):
+    """`hf-rockopd serve-teacher` on the tiny teacher, allowed the whole vocabulary as its top-k."""
+    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
+    yield served
+    served.kill()

@@ -9,13 +9,12 @@ import math
 import pytest
 import requests
 import torch
-from served_teacher import TeacherServer, free_port, save_tiny_teacher
+from served_teacher import VOCAB, TeacherServer, free_port, server, teacher_dir  # noqa: F401 (fixtures)
 
 from hf_rockopd.teachers import ModelTopKTeacher, TeacherClient, TeacherServerError
 from hf_rockopd.teachers.protocol import MalformedTeacherResponse, parse_prompt_logprobs
 
 
-VOCAB = 259  # the tiny tokenizer's
 
 # One choice of a vLLM `/v1/completions` answer with `prompt_logprobs=2`, in the documented schema (vLLM's
 # `CompletionResponseChoice.prompt_logprobs: list[dict[int, Logprob] | None]`, serialized with string keys): null at
@@ -53,16 +52,6 @@ def test_malformed_answers_are_refused(mutate, message):
 
 
 # ------------------------------------------------------------------------------------------------ real server ----
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
-
-
-@pytest.fixture(scope="module")
-def server(teacher_dir):
-    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
-    yield served
-    served.kill()
 
 
 def test_server_answers_what_an_in_process_top_k_computes(server, teacher_dir):

@@ -9,26 +9,15 @@ import os
 import pytest
 import torch
 from conftest import make_args
-from served_teacher import TeacherServer, free_port, save_tiny_teacher
+from served_teacher import VOCAB, TeacherServer, free_port, save_tiny_teacher, server, teacher_dir  # noqa: F401 (fixtures)
 
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.rock_set import load_rock_tokens
 from hf_rockopd.teachers import TeacherServerError
 
 
-VOCAB = 259
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    return save_tiny_teacher(tmp_path_factory.mktemp("teacher"))
-
-
-@pytest.fixture(scope="module")
-def server(teacher_dir):
-    served = TeacherServer(teacher_dir, max_top_k=VOCAB).start()
-    yield served
-    served.kill()
 
 
 def _train(kind, tmp_path, tokenizer, teacher, name, **overrides):
