@@ -35,12 +35,18 @@ class LoadingArguments:
 
 
 def load_model(name: str, loading: LoadingArguments):
-    """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`)."""
+    """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`), for inference.
+
+    These commands only run models forward, so on CPU the linear layers are oneDNN-packed (`pack_for_inference`;
+    issue 29): the same outputs to float32 rounding, generation 2-2.5x faster on small batches.
+    """
     import torch
 
-    from ..models import resolve_causal_lm
+    from ..models import pack_for_inference, resolve_causal_lm
 
-    return resolve_causal_lm(name, dtype=getattr(torch, loading.dtype), with_tokenizer=False).model.to(loading.device)
+    model = resolve_causal_lm(name, dtype=getattr(torch, loading.dtype), with_tokenizer=False).model.to(loading.device)
+    pack_for_inference(model, skip=())  # the head too: nothing here reads its weight, only calls it
+    return model
 
 
 def load_tokenizer(name: str):

@@ -124,8 +124,11 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     False
     ```
     """
+    from ..models.packing import dense_named_parameters
+
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
+    # A teacher packed for CPU inference (`pack_for_inference`) has the same fingerprint as before packing.
+    for name, parameter in dense_named_parameters(model):
         flat = parameter.detach().reshape(-1)
         sample = flat[:: max(1, flat.numel() // _SAMPLES_PER_TENSOR)][:_SAMPLES_PER_TENSOR]
         digest.update(f"{name}:{tuple(parameter.shape)}:{parameter.dtype};".encode())

@@ -2,7 +2,8 @@
 for tests and demos.
 
 Every name is importable from `hf_rockopd.models`; the submodules each do one job: `tiny` (tiny models), `pruning`
-(pruned students), `quantization` (4-bit CPU layout), `sources` (the table of offline GGUF sources), `wheels` (GGUF
+(pruned students), `quantization` (4-bit CPU layout), `packing` (oneDNN-packed
+linears for inference-only models on CPU), `sources` (the table of offline GGUF sources), `wheels` (GGUF
 files inside installed packages: find, join, check), `gguf` (GGUF header check and loading), `errors` and `resolve`
 (the resolver).
 
@@ -16,6 +17,7 @@ Example:
 
 from .errors import GgufNotInstalledError, GgufSourceError, ModelNotFoundError
 from .gguf import check_gguf_metadata, load_gguf_causal_lm, read_gguf_metadata
+from .packing import PACKING_ENV, PackedLinear, can_pack, dense_named_parameters, pack_for_inference
 from .pruning import middle_block_layers, prune_decoder_layers
 from .quantization import unpack_cpu_4bit_weights
 from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm
@@ -35,6 +37,7 @@ from .wheels import InstalledPart, cache_root, file_sha256, installed_parts, loc
 __all__ = [
     "CHATML_TEMPLATE",
     "GGUF_SOURCES",
+    "PACKING_ENV",
     "PROVENANCE_NAME",
     "QWEN_CODER_0_5B_ID",
     "QWEN_CODER_1_5B_ID",
@@ -45,18 +48,22 @@ __all__ = [
     "GgufSourceError",
     "InstalledPart",
     "ModelNotFoundError",
+    "PackedLinear",
     "ResolvedModel",
     "build_tiny_causal_lm",
     "build_tiny_tokenizer",
+    "can_pack",
     "cache_root",
     "check_gguf_metadata",
     "converted_model_dir",
+    "dense_named_parameters",
     "describe_model_source",
     "file_sha256",
     "installed_parts",
     "load_gguf_causal_lm",
     "locate_gguf",
     "middle_block_layers",
+    "pack_for_inference",
     "prune_decoder_layers",
     "read_gguf_metadata",
     "resolve_causal_lm",
