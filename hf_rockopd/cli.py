@@ -40,6 +40,7 @@ MODULES = {
     "distill": "distill",
     "ablate": "ablate",
     "serve-teacher": "serve",
+    "teacher-cache": "teacher_cache",
 }
 
 

@@ -26,6 +26,7 @@ from .checks import check_at_least
 from .console import PhaseLog, quiet_training
 from .student_config import StudentModelConfig, quantization_config, student_model_config
 from .evaluation.answers import VERIFIERS, check_verifier, reference_answer
+from .evaluation.teacher_reference import TEACHER_REFERENCE_NAME, TeacherReference
 from .data import DataSplit, split_dataset
 from .data.chat import check_system_prompt
 from .models import (
@@ -33,6 +34,7 @@ from .models import (
     ResolvedModel,
     describe_model_source,
     middle_block_layers,
+    pack_for_inference,
     prune_decoder_layers,
     resolve_causal_lm,
 )
@@ -270,12 +272,21 @@ def load_distill_data(script: DistillArguments, seed: int) -> DataSplit:
 
 # ------------------------------------------------------------------------------------------------------ models ----
 def _load_models(
-    script: DistillArguments, model_args: StudentModelConfig, work_dir: str, phases: PhaseLog
+    script: DistillArguments, model_args: StudentModelConfig, work_dir: str, phases: PhaseLog, served: str | None
 ) -> tuple[ResolvedModel, Any, dict[str, Any]]:
-    phases("loading teacher", script.teacher)
-    teacher = resolve_causal_lm(script.teacher, on_phase=phases)
+    if served is not None:
+        # The teacher lives elsewhere: only the student loads; the trainer probes the server's vocabulary.
+        phases("loading student", f"{script.student} (the teacher is outside this process: {served})")
+        student = resolve_causal_lm(script.student, on_phase=phases)
+        teacher = ResolvedModel(None, student.tokenizer, served, served)
+    else:
+        phases("loading teacher", script.teacher)
+        teacher = resolve_causal_lm(script.teacher, on_phase=phases)
     source = teacher.source
-    if script.student is None:
+    if served is not None:
+        base, base_name = student.model, script.student
+        default_layers = base.config.num_hidden_layers
+    elif script.student is None:
         base, base_name = teacher.model, script.teacher
         default_layers = min(24, base.config.num_hidden_layers)
     else:
@@ -331,13 +342,10 @@ def _load_models(
 
 
 # -------------------------------------------------------------------------------------------------- evaluation ----
-def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
+def distill_teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
     """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
     "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
-    from .evaluation.teacher_reference import (
-        TEACHER_REFERENCE_NAME,
-        load_or_build_teacher_reference,
-    )
+    from .evaluation.teacher_reference import load_or_build_teacher_reference
 
     return load_or_build_teacher_reference(
         os.path.join(args.output_dir, TEACHER_REFERENCE_NAME),
@@ -351,14 +359,52 @@ def _teacher_reference(teacher, tokenizer, problems, script: DistillArguments, a
     )
 
 
+def _outside_teacher(script: DistillArguments, args: RockOPDConfig, reference: str | None) -> str | None:
+    """How the run names a teacher outside its memory (None: in process), checked before any model loads: a student
+    is named, and the held-out problems' teacher `reference` file exists (a served or cached teacher cannot
+    generate it; None: no held-out problems)."""
+    if args.teacher_server_url is None and args.teacher_cache is None:
+        return None
+    if script.student is None:
+        raise ValueError(
+            "With the teacher outside this process (teacher_server_url / teacher_cache), pass --student: the default "
+            "student is a pruned copy of the teacher, which needs the teacher's weights here."
+        )
+    if reference is not None and not os.path.isfile(reference):
+        raise ValueError(
+            f"With the teacher outside this process (teacher_server_url / teacher_cache), its reference completions "
+            f"of the held-out problems must exist before the run: {reference!r} is missing. Make them once "
+            "with the teacher loaded: `hf-rockopd teacher-cache --config <this config> --top_k K` (it also writes "
+            "the teacher cache), or set num_eval_problems=0."
+        )
+    url = args.teacher_server_url
+    served = f"server {url}" if isinstance(url, str) else f"servers {url}" if url else None
+    return ", ".join(part for part in (served, args.teacher_cache and f"cache {args.teacher_cache}") if part)
+
+
+def _evaluation_teachers(teacher, args: RockOPDConfig, tokenizer) -> tuple[Any, Any]:
+    """(on-policy teacher, teacher-forced source) of the evaluations: the in-process model for both; else the served
+    teacher (through the cache, when one is given) for both, or with a cache alone no on-policy divergence."""
+    if teacher is not None:
+        return teacher, None
+    from .teachers import connect_teacher_source
+
+    source = connect_teacher_source(args, tokenizer)
+    if args.teacher_server_url is None:
+        return None, source  # a cache holds the reference's sequences, not the student's new ones
+    return source, None
+
+
 def _evaluate(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
     from .evaluation.evaluate import evaluate_gsm8k
 
+    on_policy, forced = teacher
     return evaluate_gsm8k(
         model,
         tokenizer,
         problems,
-        teacher=teacher,
+        teacher=on_policy,
+        forced_teacher=forced,
         teacher_reference=reference,
         max_new_tokens=script.eval_max_new_tokens,
         batch_size=script.eval_batch_size,
@@ -408,9 +454,15 @@ def run_distillation(
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     data = load_distill_data(script, seed=args.seed)
     train_prompts = data.train
+    reference_path = os.path.join(args.output_dir, TEACHER_REFERENCE_NAME) if data.problems else None
+    served = _outside_teacher(script, args, reference_path)
     with tempfile.TemporaryDirectory() as work_dir:
-        teacher, student, student_info = _load_models(script, model_args, work_dir, phases)
+        teacher, student, student_info = _load_models(script, model_args, work_dir, phases, served)
         tokenizer = teacher.tokenizer
+        if served is None and args.device.type == "cpu" and not args.fsdp and not args.deepspeed:
+            # The teacher only ever runs forward: oneDNN-packed linears decode its reference answers and score the
+            # student's rollouts 2-2.5x faster than MKL's small-batch path (issue 29, benchmarks/decode.py).
+            phases("teacher packed for CPU inference", f"{pack_for_inference(teacher.model)} linear layers")
         phases(
             "models ready",
             f"teacher {script.teacher} ({teacher.source}: {teacher.location}); student {student_info['name']} with "
@@ -426,9 +478,13 @@ def run_distillation(
         before = after = reference = None
         if problems:
             phases("teacher reference", f"the teacher's completions of {len(problems)} held-out problems")
-            reference = _teacher_reference(teacher.model, tokenizer, problems, script, args)
+            if served is None:
+                reference = distill_teacher_reference(teacher.model, tokenizer, problems, script, args)
+            else:
+                reference = TeacherReference.load(reference_path)
+            eval_teachers = _evaluation_teachers(teacher.model, args, tokenizer)
             phases("evaluating before training", f"{len(problems)} held-out problems")
-            before = _evaluate(student, teacher.model, tokenizer, problems, reference, script, args)
+            before = _evaluate(student, eval_teachers, tokenizer, problems, reference, script, args)
 
         trainer = build_trainer(
             script.trainer,
@@ -450,7 +506,7 @@ def run_distillation(
         if problems:
             phases("evaluating after training", f"{len(problems)} held-out problems, {len(rock_ids)} rock ids")
             model = trainer.accelerator.unwrap_model(trainer.model)
-            after = _evaluate(model, teacher.model, tokenizer, problems, reference, script, args)
+            after = _evaluate(model, eval_teachers, tokenizer, problems, reference, script, args)
 
         phases("saving", args.output_dir)
         clean_saved_config(trainer.accelerator.unwrap_model(trainer.model))

@@ -97,7 +97,7 @@ def test_top_k_above_the_servers_limit_is_refused_before_any_model_loads(kind, t
 
 def test_teacher_model_and_server_together_are_refused(kind, tmp_path, tokenizer, teacher):
     args = kind.args(tmp_path / "out", teacher_server_url="http://127.0.0.1:1", teacher_top_k=4)
-    with pytest.raises(ValueError, match="either in this process or served"):
+    with pytest.raises(ValueError, match="either in this process or outside"):
         kind.make(build_tiny_causal_lm(tokenizer), teacher, args, tokenizer)
 
 

@@ -4,6 +4,7 @@ completions and the on-policy one."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..evaluation.answers import VERIFIERS, check_verifier
@@ -52,6 +53,11 @@ class EvalArguments:
         metadata={"help": "JSON cache of the teacher's completions: reused when made with the same teacher, "
                   "tokenizer, problems and max_new_tokens, else generated again and written there."},
     )
+    teacher_cache: str | None = field(
+        default=None,
+        metadata={"help": "Offline teacher cache of --teacher_reference's completions (hf-rockopd teacher-cache): "
+                  "the teacher-forced divergence (top-k, tail bin) without the teacher in memory."},
+    )
     rock_set: str | None = field(
         default=None, metadata={"help": "rock_tokens.json / rock_set.json for the non-rock divergence."}
     )
@@ -79,6 +85,15 @@ class EvalArguments:
         check_at_least(self, "limit", "max_new_tokens", "batch_size")
         check_range(self, "beta", 0, 1)
         check_range(self, "temperature", 0, float("inf"), low_open=True, high_open=True)
+        if self.teacher_cache is not None:
+            if self.teacher_reference is None or not os.path.isfile(self.teacher_reference):
+                raise ValueError(
+                    "--teacher_cache needs --teacher_reference, the existing reference whose completions it caches "
+                    f"(got {self.teacher_reference!r})."
+                )
+            from ..teachers import TeacherCache
+
+            TeacherCache.read_settings(self.teacher_cache)  # a missing or foreign file fails before any model loads
 
 
 def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
@@ -101,13 +116,21 @@ def evaluate(args: EvalArguments, loading: LoadingArguments) -> int:
             args.teacher_reference, teacher, tokenizer, problems, teacher_name=args.teacher,
             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, show_progress=True,
         )
+    forced = None
+    if args.teacher_cache is not None:
+        from ..teachers import CachedTeacher, TeacherCache
+
+        cache = TeacherCache.load(args.teacher_cache, temperature=args.temperature, teacher=args.teacher)
+        forced = CachedTeacher(cache)
     result = evaluate_gsm8k(
-        model, tokenizer, problems, teacher=teacher, teacher_reference=reference, rock_ids=args.rock_set,
+        model, tokenizer, problems, teacher=teacher, teacher_reference=reference, forced_teacher=forced,
+        rock_ids=args.rock_set,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, beta=args.beta, temperature=args.temperature,
         verifier=args.verifier, last_number=args.last_number,
     )
     result.settings.update(model=args.model, teacher_model=args.teacher, problems=str(args.problems),
-                           rock_set=args.rock_set, teacher_reference_file=args.teacher_reference)
+                           rock_set=args.rock_set, teacher_reference_file=args.teacher_reference,
+                           teacher_cache=args.teacher_cache)
     print(result.table())
     if args.out:
         result.save(args.out, include_records=args.records)

@@ -56,6 +56,7 @@ from ..modeling import check_same_vocabulary, eos_token_ids, vocab_size
 from .quality import completion_quality, numeric_token_ids, text_quality
 from .table import format_results_table
 from ..rock_set import load_rock_set, validate_token_ids
+from ..teachers import TopKTeacher
 from .rollout import generate_completions, pad_token_id, score_completions
 from .teacher_reference import TeacherReference, build_teacher_reference
 
@@ -249,6 +250,14 @@ def _mean(values: torch.Tensor) -> float | None:
     return float(values.double().mean()) if len(values) else None
 
 
+def _source_name(teacher: Any) -> str | None:
+    if teacher is None:
+        return None
+    if isinstance(teacher, TopKTeacher):
+        return f"{teacher.source}, top-{teacher.top_k} (tail-bin divergence)"
+    return "in-process, full vocabulary"
+
+
 def _score(model, teacher, tokenizer, prompts, completions, what: str, **kwargs) -> tuple[list[dict], torch.Tensor]:
     """`score_completions`, and all completion tokens' divergences in order (checked finite)."""
     scores = score_completions(model, teacher, prompts, completions, pad_token_id=pad_token_id(tokenizer), **kwargs)
@@ -268,8 +277,9 @@ def evaluate_completions(
     prompt_ids: Sequence[Sequence[int]],
     completion_ids: Sequence[Sequence[int]],
     *,
-    teacher: torch.nn.Module | None = None,
+    teacher: torch.nn.Module | TopKTeacher | None = None,
     teacher_reference: TeacherReference | None = None,
+    forced_teacher: TopKTeacher | None = None,
     rock_ids: Sequence[int] | str | os.PathLike | None = None,
     max_new_tokens: int = 256,
     batch_size: int = 8,
@@ -361,10 +371,11 @@ def evaluate_completions(
         teacher_accuracy = teacher_reference.accuracy() if scored else None
         for record, flag in zip(records, teacher_reference.correct):
             record["teacher_correct"] = bool(flag) if scored else None
-        if teacher is not None:
+        forcing = forced_teacher if forced_teacher is not None else teacher
+        if forcing is not None:
             # The student on the teacher's own completions: text it did not write, which a loop cannot game.
             forced, forced_divergence = _score(
-                model, teacher, tokenizer, teacher_reference.prompt_ids, teacher_reference.completion_ids,
+                model, forcing, tokenizer, teacher_reference.prompt_ids, teacher_reference.completion_ids,
                 "teacher-forced", **scoring,
             )
             teacher_forced = _mean(forced_divergence)
@@ -404,6 +415,9 @@ def evaluate_completions(
             "temperature": temperature,
             "num_rock_ids": len(rocks) if rocks is not None else 0,
             "teacher": teacher is not None,
+            # Which teacher each divergence was measured against: a top-k source gives the tail-bin divergence.
+            "teacher_source": _source_name(teacher),
+            "teacher_forced_source": _source_name(forced_teacher if forced_teacher is not None else teacher),
             "decoding": "greedy",
             "verifier": verifier,
             "last_number_fallback": last_number,
@@ -422,8 +436,9 @@ def evaluate_gsm8k(
     tokenizer: Any,
     problems: Sequence[Problem],
     *,
-    teacher: torch.nn.Module | None = None,
+    teacher: torch.nn.Module | TopKTeacher | None = None,
     teacher_reference: TeacherReference | str | os.PathLike | None = None,
+    forced_teacher: TopKTeacher | None = None,
     rock_ids: Sequence[int] | str | os.PathLike | None = None,
     max_new_tokens: int = 256,
     batch_size: int = 8,
@@ -445,7 +460,10 @@ def evaluate_gsm8k(
         tokenizer: its tokenizer (shared with the teacher); its chat template formats the questions.
         problems: `(messages, reference)` pairs (`hf_rockopd.data.load_problems`); a reference may be None with
             `verifier="none"`.
-        teacher: the teacher; without one only accuracy, text quality and lengths are measured.
+        teacher: the teacher; without one only accuracy, text quality and lengths are measured. A model, or a top-k
+            source (`hf_rockopd.teachers`: served, cached): the divergences are then the tail-bin ones.
+        forced_teacher: scores the teacher-forced divergence instead of `teacher` (an offline cache of the
+            reference's completions, `hf-rockopd teacher-cache`); needs `teacher_reference`, which it cannot build.
         teacher_reference: the teacher's completions of `problems` (`teacher_reference.TeacherReference`, or the path
             of its JSON file), made with this tokenizer and `max_new_tokens` (else a `ValueError`). With a teacher and
             none given, one is built here; to compare evaluations (before and after training) build one
@@ -476,17 +494,28 @@ def evaluate_gsm8k(
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}.")
     # Bad rock sets, vocabularies and references fail here, before minutes of generation.
     _rock_id_list(rock_ids, vocab_size(model))
-    if teacher is not None:
-        check_same_vocabulary(model, teacher)
+    for source in (teacher, forced_teacher):
+        if isinstance(source, TopKTeacher):
+            source.check_vocabulary(vocab_size(model), tokenizer)
+        elif source is not None:
+            check_same_vocabulary(model, source)
     if isinstance(teacher_reference, (str, os.PathLike)):
         teacher_reference = TeacherReference.load(teacher_reference)
+    local_teacher = teacher if isinstance(teacher, torch.nn.Module) else None
     if teacher_reference is not None:
-        teacher_reference.check(tokenizer=tokenizer, problems=problems, max_new_tokens=max_new_tokens, teacher=teacher)
+        teacher_reference.check(
+            tokenizer=tokenizer, problems=problems, max_new_tokens=max_new_tokens, teacher=local_teacher
+        )
+    elif forced_teacher is not None or (teacher is not None and local_teacher is None):
+        raise ValueError(
+            "A teacher outside this process (served or cached) cannot generate the teacher's reference completions: "
+            "give teacher_reference (made by `hf-rockopd teacher-cache` or an evaluation with the teacher loaded)."
+        )
     started = time.perf_counter()
     teacher_seconds = None
-    if teacher is not None and teacher_reference is None:
+    if local_teacher is not None and teacher_reference is None:
         teacher_reference = build_teacher_reference(
-            teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            local_teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
             show_progress=show_progress,
         )
         teacher_seconds = time.perf_counter() - started
@@ -497,7 +526,7 @@ def evaluate_gsm8k(
     generation_seconds = time.perf_counter() - generation_started
     result = evaluate_completions(
         model, tokenizer, problems, prompts, completions, teacher=teacher, teacher_reference=teacher_reference,
-        rock_ids=rock_ids, max_new_tokens=max_new_tokens, batch_size=batch_size, beta=beta, temperature=temperature,
+        forced_teacher=forced_teacher, rock_ids=rock_ids, max_new_tokens=max_new_tokens, batch_size=batch_size, beta=beta, temperature=temperature,
         show_progress=show_progress, verifier=verifier, last_number=last_number,
     )
     result.settings["generation_seconds"] = round(generation_seconds, 3)

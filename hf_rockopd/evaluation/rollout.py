@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from ..losses import per_token_divergence
+from ..losses import per_token_divergence, sparse_divergence, unpack_topk
 from ..modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
+from ..teachers import TopKTeacher
 
 
 __all__ = [
@@ -357,6 +358,10 @@ def score_completions(
     two distributions that predicted it (`scored_chunks`), and whether both argmaxes agree. A completion's scores do
     not depend on what it is batched with.
 
+    `teacher` may also be a top-k source (`hf_rockopd.teachers`: a served teacher, an offline cache): the
+    divergence is then the tail-bin one over its listed ids (`losses.sparse`), as training computes it against the
+    same source, and the teacher's argmax is its most likely listed id.
+
     Returns:
         one dict per completion: `divergence` (float32, one value per token), `agree` (bool, per token).
 
@@ -369,6 +374,11 @@ def score_completions(
     (True, [True, True])
     ```
     """
+    if isinstance(teacher, TopKTeacher):
+        return _score_against_topk(
+            student, teacher, prompt_ids, completion_ids, pad_token_id=pad_token_id, batch_size=batch_size,
+            beta=beta, temperature=temperature, show_progress=show_progress,
+        )  # fmt: skip
     check_same_vocabulary(student, teacher)
     results: list[dict[str, torch.Tensor]] = []
     with eval_mode(student, teacher):
@@ -382,4 +392,51 @@ def score_completions(
             lengths = [len(c) for c in completion_ids[start:stop]]
             for d, a in zip(divergence.split(lengths), agree.split(lengths)):
                 results.append({"divergence": d, "agree": a})
+    return results
+
+
+@torch.no_grad()
+def _score_against_topk(
+    student: torch.nn.Module,
+    teacher: TopKTeacher,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    batch_size: int,
+    beta: float,
+    temperature: float,
+    show_progress: bool,
+) -> list[dict[str, torch.Tensor]]:
+    """`score_completions` against a top-k source: the student's logits of each completion token, the source's packed
+    targets of the same token (asked for completion positions only), the tail-bin divergence."""
+    from tqdm.auto import tqdm
+
+    device = next(student.parameters()).device
+    results: list[dict[str, torch.Tensor]] = []
+    chunks = _score_chunks(completion_ids, batch_size, max(1, _SCORE_ENTRIES // vocab_size(student)))
+    bar = tqdm(total=sum(len(c) for c in completion_ids), desc="score", unit="tok", disable=not show_progress)
+    with eval_mode(student):
+        for step, (start, stop) in enumerate(chunks):
+            completions = [list(c) for c in completion_ids[start:stop]]
+            ids, mask, prompt_len = pack_completions([list(p) for p in prompt_ids[start:stop]], completions, pad_token_id)
+            needed = torch.zeros_like(mask, dtype=torch.bool)
+            needed[:, prompt_len:] = mask[:, prompt_len:].bool()
+            targets = teacher.targets(ids, mask, step=step, needed=needed)
+            s_logits = completion_logits(student, ids.to(device), mask.to(device), prompt_len)
+            rows = torch.cat([torch.full((len(c),), r, dtype=torch.long) for r, c in enumerate(completions)])
+            cols = torch.cat([torch.arange(len(c)) for c in completions])
+            s = s_logits[rows.to(device), cols.to(device)].float()
+            t_ids, t_lp = unpack_topk(targets[rows, prompt_len + cols].to(device))
+            if bool((t_ids[:, 0] < 0).any()):
+                raise ValueError(
+                    f"The teacher source ({teacher.source}) returned no entry for some completion positions of "
+                    f"completions {start}-{stop - 1}."
+                )
+            divergence = sparse_divergence(s, t_ids, t_lp, beta, temperature).cpu()
+            agree = (s.argmax(-1) == t_ids.gather(1, t_lp.argmax(-1, keepdim=True)).squeeze(1)).cpu()
+            bar.update(len(rows))
+            for d, a in zip(divergence.split([len(c) for c in completions]), agree.split([len(c) for c in completions])):
+                results.append({"divergence": d, "agree": a})
+    bar.close()
     return results

@@ -102,8 +102,9 @@ class ModelTopKTeacher:
     def targets(self, input_ids, attention_mask, *, step: int, needed=None, routing=None) -> torch.Tensor:
         batch, length = input_ids.shape
         out = empty_targets(batch, length, self.top_k + 1, input_ids.device)
-        wanted = attention_mask.bool().clone()
-        wanted[:, 0] = False
+        # A sequence's first token has no distribution (nothing before it; vLLM sends None there), wherever left
+        # padding puts it.
+        wanted = attention_mask.bool() & (attention_mask.long().cumsum(-1) > 1)
         if needed is not None:
             wanted &= needed
         if not wanted.any():

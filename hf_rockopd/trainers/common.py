@@ -161,16 +161,17 @@ def check_trainer_arguments(
         raise TypeError(
             f"{trainer_name} needs model=<a model or a model name/path>, got {type(model).__name__}: {model!r}."
         )
-    served = getattr(args, "teacher_server_url", None) is not None
+    served = getattr(args, "teacher_server_url", None) is not None or getattr(args, "teacher_cache", None) is not None
     if teacher_model is None and not served:
         raise ValueError(
             f"{trainer_name} needs a teacher_model (a model or a model name/path), or teacher_server_url for a "
-            "served teacher."
+            "served teacher (or teacher_cache, lmbda=0)."
         )
     if teacher_model is not None and served:
         raise ValueError(
-            f"{trainer_name} got both a teacher_model and teacher_server_url={args.teacher_server_url!r}: the "
-            "teacher is either in this process or served. Pass teacher_model=None to use the server."
+            f"{trainer_name} got both a teacher_model and teacher_server_url={args.teacher_server_url!r} / "
+            f"teacher_cache={getattr(args, 'teacher_cache', None)!r}: the teacher is either in this process or outside "
+            "it. Pass teacher_model=None to use the server or the cache."
         )
     if teacher_model is not None and not isinstance(teacher_model, (str, nn.Module)):
         raise TypeError(

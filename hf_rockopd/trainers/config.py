@@ -73,6 +73,10 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
             Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
             teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
             divergence over those ids plus a tail bin, a lower bound of the full one.
+        teacher_cache (`str`, *optional*):
+            Offline teacher cache (`hf-rockopd teacher-cache`): the dataset's own completions (`lmbda < 1`) are read
+            from it, rollouts go to `teacher_server_url` (required unless `lmbda=0`). Top-k and temperature must
+            match; a cache made otherwise is refused.
         teacher_request_timeout (`float`, *optional*, defaults to `60.0`):
             Seconds to wait for one answer of the server.
         teacher_max_retries (`int`, *optional*, defaults to `3`):

@@ -23,7 +23,7 @@ from ..engine.sharding import check_fsdp_accelerator, fsdp_requested
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
-from ..teachers import connect_served_teacher
+from ..teachers import connect_teacher_source
 from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output
 from .distillation_config import RockDistillationConfig
 
@@ -213,7 +213,7 @@ class RockDistillationTrainer(RockTrainerMixin, DistillationTrainer):
                 "Several served teachers (teacher_server_url as a dict) are supported by RockOPDTrainer only: "
                 "DistillationTrainer's batches keep the prompt columns only. Use RockOPDTrainer, or one teacher URL."
             )
-        served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
+        served = connect_teacher_source(args, processing_class)
         # quiet_training: peft's PeftModel reads transformers' renamed `is_gradient_checkpointing` while it wraps.
         with quiet_training():
             super().__init__(

@@ -84,6 +84,11 @@ class RockTokenArguments:
             Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
             teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
             divergence over those ids plus a tail bin, a lower bound of the full one.
+        teacher_cache (`str`, *optional*):
+            Path of an offline teacher cache (`hf-rockopd teacher-cache`): the teacher's top-k of fixed sequences. A
+            batch whose sequences it holds (the dataset's own completions, `lmbda < 1`) is read from it; the rest
+            (the student's rollouts) goes to `teacher_server_url`, which is then required unless `lmbda=0`. Its
+            top-k and temperature must be `teacher_top_k` and `loss_temperature` (a cache made otherwise is refused).
         teacher_request_timeout (`float`, *optional*, defaults to `60.0`):
             Seconds to wait for one answer of the server.
         teacher_max_retries (`int`, *optional*, defaults to `3`):
@@ -156,6 +161,13 @@ class RockTokenArguments:
             "truncates it to its top-k. The loss is then over those ids plus a tail bin."
         },
     )
+    teacher_cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "Offline teacher cache (hf-rockopd teacher-cache): fixed sequences are read from it, the rest goes "
+            "to teacher_server_url (required unless lmbda=0). Its top-k must be teacher_top_k."
+        },
+    )
     teacher_request_timeout: float = field(
         default=60.0, metadata={"help": "Seconds to wait for one answer of the teacher server."}
     )
@@ -222,6 +234,32 @@ class RockTokenArguments:
         self.rock_policy_kwargs = build_policy_options(self.rock_policy, self.rock_policy_kwargs)
         self._check_teacher_fields()
 
+    def _check_teacher_cache(self) -> None:
+        """The cache's settings (its file's metadata only) against this config, before any model loads."""
+        from ..teachers.cache import TeacherCache
+
+        settings = TeacherCache.read_settings(self.teacher_cache)  # a missing or foreign file: its own error
+        if self.teacher_top_k is None:
+            raise ValueError(
+                f"teacher_top_k is required with teacher_cache: the cache {self.teacher_cache!r} holds top-"
+                f"{settings.top_k}; set teacher_top_k={settings.top_k}."
+            )
+        problems = settings.mismatches(top_k=self.teacher_top_k, temperature=self.loss_temperature)
+        if problems:
+            raise ValueError(
+                f"teacher_cache {self.teacher_cache!r} was made with other settings ({'; '.join(problems)}). Rebuild "
+                "it with `hf-rockopd teacher-cache` at these settings, or match them."
+            )
+        lmbda = getattr(self, "lmbda", 1.0)  # RockDistillationConfig has none: every batch is a rollout
+        if self.teacher_server_url is None and lmbda > 0:
+            raise ValueError(
+                f"teacher_cache without teacher_server_url needs lmbda=0 (RockOPDConfig; got {lmbda}): a cache holds "
+                "fixed sequences only, and the student's rollouts are new text that only a live teacher can score. "
+                "Set teacher_server_url, or lmbda=0 for purely off-policy distillation from the cache."
+            )
+        if getattr(self, "seq_kd", False):
+            raise ValueError("seq_kd=True generates with the teacher, which a teacher_cache cannot; set seq_kd=False.")
+
     def _check_teacher_fields(self) -> None:
         """The served / top-k teacher's fields, checked before any model loads."""
         url, k = self.teacher_server_url, self.teacher_top_k
@@ -248,6 +286,8 @@ class RockTokenArguments:
                     "log-probabilities are at temperature 1, and a truncated distribution cannot be re-tempered "
                     "exactly. Use loss_temperature=1.0, or an in-process teacher."
                 )
+        if self.teacher_cache is not None:
+            self._check_teacher_cache()
         if not math.isfinite(self.teacher_request_timeout) or self.teacher_request_timeout <= 0:
             raise ValueError(f"teacher_request_timeout must be > 0 seconds, got {self.teacher_request_timeout}.")
         retries = self.teacher_max_retries

@@ -21,7 +21,7 @@ from ..engine.sharding import check_fsdp_accelerator
 from ..models import unpack_cpu_4bit_weights
 from ..policies import TokenPolicy
 from ..publishing.model_card import trainer_tags
-from ..teachers import connect_served_teacher
+from ..teachers import connect_teacher_source
 from .common import PAPER, RockTrainerMixin, check_trainer_arguments, loss_output, refuse_prediction_hooks
 from .config import RockOPDConfig
 from .data import OnPolicyChatMLCollator, check_prompt_lengths
@@ -149,7 +149,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
         # Build the policy first, so a bad name or bad kwargs fail before any model is loaded.
         policy = build_policy(rock_policy, args)
         # A served teacher is reached and probed before any model loads, too.
-        served = connect_served_teacher(args, processing_class) if args.teacher_server_url is not None else None
+        served = connect_teacher_source(args, processing_class)
         if served is not None:
             teacher_model = _ServedTeacherStandIn(model)
 
