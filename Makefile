@@ -13,7 +13,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill distill-qwen distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
+.PHONY: test demo distill distill-qwen distill-served distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -50,6 +50,11 @@ distill: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
 
 distill-qwen: distill
+
+# The same job with the teacher in another process (issue 26): teacher-cache once, serve-teacher, distill with only
+# the student in memory (examples/configs/distill_qwen_served.yaml, README "Teacher outside the trainer").
+distill-served: $(QWEN_STAMP)
+	examples/distill_served.sh examples/configs/distill_qwen_served.yaml $(VENV)/bin
 
 # A fast check that the pipeline runs (SmolLM2-135M-Instruct -> a 24-layer copy, 10-18 minutes): not a result, its
 # pruned student loops before and after training (examples/reports/smollm2_loops/).

@@ -107,3 +107,23 @@ def test_outside_teacher_refusals_come_before_any_model_loads(job, monkeypatch):
     with pytest.raises(ValueError, match="--reference needs --teacher"):
         TeacherCacheArguments(top_k=4, reference=config)
     assert not (tmp_path / "run").exists()
+
+
+def test_served_example_config_is_the_main_job_with_the_teacher_served():
+    """examples/configs/distill_qwen_served.yaml (`make distill-served`) is distill_qwen.yaml but for where the
+    teacher lives and where the run goes; teacher-cache reads its held-out problems without the served fields."""
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    main = yaml.safe_load((configs / "distill_qwen.yaml").read_text())
+    served = yaml.safe_load((configs / "distill_qwen_served.yaml").read_text())
+    outside = {"teacher_server_url", "teacher_top_k", "teacher_cache"}
+    assert set(served) - set(main) == outside and set(main) <= set(served)
+    assert {k: v for k, v in served.items() if k not in outside | {"output_dir"}} == {
+        k: v for k, v in main.items() if k != "output_dir"
+    }
+    assert served["teacher_cache"] == f"{served['output_dir']}/{TEACHER_CACHE_NAME}" and served["teacher_top_k"] == 64
+    from hf_rockopd.commands.teacher_cache import _distill_settings
+
+    script, args = _distill_settings(str(configs / "distill_qwen_served.yaml"))
+    assert args.teacher_server_url is None and args.output_dir == served["output_dir"]

@@ -99,9 +99,8 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
     if args.distill_config is not None:
         from ..distill import distill_teacher_reference, load_distill_data
         from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME
-        from .distill import parse_arguments
 
-        script, train_args, _ = parse_arguments(["--config", args.distill_config])
+        script, train_args = _distill_settings(args.distill_config)
         data = load_distill_data(script, seed=train_args.seed)  # the held-out problems distill will draw
         if not data.problems:
             raise ValueError(f"{args.distill_config!r} holds out no problems (num_eval_problems=0): nothing to cache.")
@@ -112,6 +111,9 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
                 "run this once with the teacher loaded (--teacher, or the config's teacher by default)."
             )
         out = args.out or os.path.join(train_args.output_dir, TEACHER_CACHE_NAME)
+        if _already_cached(out, reference_path, script.teacher, args.top_k):
+            print(f"{out} already holds the top-{args.top_k} of every completion of {reference_path}; nothing to do.")
+            return 0
     else:
         reference = TeacherReference.load(args.reference)
         out = args.out
@@ -142,6 +144,46 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
     print(f"cached top-{args.top_k} of {name} for {len(cache)} sequences ({sum(map(len, sequences))} tokens): "
           f"{out} ({size / 1e6:.1f} MB)")
     return 0
+
+
+def _distill_settings(path: str):
+    """The `DistillArguments` and `RockOPDConfig` of a distill YAML, without its teacher-outside fields: the held-out
+    problems do not depend on where the teacher lives, and its `teacher_cache` is what this command makes."""
+    import tempfile
+
+    import yaml
+
+    from .distill import parse_arguments
+
+    with open(path, encoding="utf-8") as f:
+        values = yaml.safe_load(f) or {}
+    for key in ("teacher_server_url", "teacher_top_k", "teacher_cache"):
+        values.pop(key, None)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(values, f)
+    try:
+        script, train_args, _ = parse_arguments(["--config", f.name])
+    finally:
+        os.unlink(f.name)
+    return script, train_args
+
+
+def _already_cached(out: str, reference_path: str, teacher: str, top_k: int) -> bool:
+    """Whether `out` holds this teacher's top-k of every completion of the reference at `reference_path` (a rerun of
+    `make distill-served` then loads no teacher)."""
+    from ..evaluation.teacher_reference import TeacherReference
+    from ..teachers import TeacherCache
+
+    if not (os.path.isfile(out) and os.path.isfile(reference_path)):
+        return False
+    reference = TeacherReference.load(reference_path)
+    try:
+        cache = TeacherCache.load(out, top_k=top_k)
+    except ValueError:
+        return False
+    return reference.teacher == teacher and all(
+        cache.lookup(list(p) + list(c)) is not None for p, c in zip(reference.prompt_ids, reference.completion_ids)
+    )
 
 
 COMMANDS = (
