@@ -222,3 +222,32 @@ def test_several_teachers_are_refused_by_the_distillation_trainer(tmp_path, toke
     args = kind.args(tmp_path / "out", teacher_server_url={n: s.url for n, s in two_servers.items()}, teacher_top_k=4)
     with pytest.raises(ValueError, match="RockOPDTrainer only"):
         kind.make("no/such-student", None, args, tokenizer)
+
+
+def test_per_teacher_rock_statistics(tmp_path, tokenizer, two_servers):
+    from trainer_kinds import KINDS
+
+    kind = KINDS["gkd"]
+    urls = {name: served.url for name, served in two_servers.items()}
+    dataset = kind.dataset(8).add_column("teacher", ["a", "b"] * 4)
+    # The tables are selected as the policy selects: tiny runs need rock_online's thresholds lowered.
+    online = {"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 5, "min_count": 1,
+              "exclude_top_frequent": 0}  # fmt: skip
+    args = kind.args(tmp_path / "out", teacher_server_url=urls, teacher_top_k=16, rock_statistics_per_teacher=True,
+                     rock_policy="rock_online", rock_policy_kwargs=online)  # fmt: skip
+    trainer = kind.make(build_tiny_causal_lm(tokenizer, seed=0), None, args, tokenizer, dataset=dataset)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "out"))
+    tables = load_rock_tokens(tmp_path / "out")["per_teacher"]
+    assert set(tables) == {"a", "b"}
+    stats = trainer.rock_engine.per_teacher
+    for name, rows in tables.items():
+        assert len(rows) == 5 and [r["rock_score"] for r in rows] == sorted((r["rock_score"] for r in rows), reverse=True)
+        for row in rows:  # each row is that teacher's own count and mean divergence of the token
+            i = row["token_id"]
+            assert row["count"] == int(stats.count[name][i])
+            assert row["mean_divergence"] == pytest.approx(float(stats.divergence[name][i] / stats.count[name][i]))
+    # b is peaked (head x 50): the student diverges from it far more, token for token.
+    assert tables["b"][0]["mean_divergence"] > 5 * tables["a"][0]["mean_divergence"]
+    with pytest.raises(ValueError, match="rock_statistics_per_teacher=True needs several served teachers"):
+        kind.args(tmp_path / "x", teacher_server_url=urls["a"], teacher_top_k=4, rock_statistics_per_teacher=True)

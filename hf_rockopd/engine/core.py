@@ -32,6 +32,7 @@ from ..losses import weighted_loss
 from ..modeling import backbone, check_same_vocabulary, special_token_ids, vocab_size
 from ..policies import TokenBatch, TokenPolicy, get_policy
 from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
+from .per_teacher import PerTeacherStatistics
 from ..teachers import TopKTeacher
 from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums
 from .sharding import check_fsdp_setup, fsdp_requested, gathered_heads
@@ -251,6 +252,9 @@ class RockTokenEngine:
             self.vocab_size = check_same_vocabulary(student, unwrapped_teacher)
         self._set_special_ids(student, student_eos)
         self.policy.setup(self.vocab_size)
+        # Several served teachers: each one's own rock table beside the pooled set (`engine.per_teacher`).
+        per_teacher = getattr(args, "rock_statistics_per_teacher", False)
+        self.per_teacher = PerTeacherStatistics(self.vocab_size) if per_teacher else None
         for source in (getattr(policy, "source", None), getattr(policy, "rock_source", None)):
             if source is not None and self.tokenizer is not None:
                 check_rock_set_tokenizer(source, self.tokenizer.decode)
@@ -438,6 +442,8 @@ class RockTokenEngine:
         student = self._unwrap(model)
         projection = self._redirect(model, student, self.project_causal_lm, student, inputs, plan)
         loss = self.finish(plan, projection, metrics)
+        if self.per_teacher is not None and training:
+            self.per_teacher.update(plan.batch, inputs["teacher"])
         return (loss, plan) if return_plan else loss
 
     def count_completions(
@@ -500,7 +506,16 @@ class RockTokenEngine:
             policy_kwargs=json.loads(json.dumps(self.args.rock_policy_kwargs or {}, default=str)),
             step=step,
             teacher=self.teacher_description,
+            **({"per_teacher": self.per_teacher_tables()} if self.per_teacher is not None else {}),
         )
+
+    def per_teacher_tables(self) -> dict[str, list[dict[str, Any]]]:
+        """Each served teacher's own rock table, selected as the policy selects (see `engine.per_teacher`)."""
+        policy = self.policy
+        return self.per_teacher.tables(
+            top_k=getattr(policy, "top_k", 50), min_count=getattr(policy, "min_count", 2),
+            exclude_top_frequent=getattr(policy, "exclude_top_frequent", 5), exclude_ids=policy.special_ids,
+        )  # fmt: skip
 
     @property
     def teacher_description(self) -> dict[str, Any]:

@@ -73,6 +73,9 @@ class RockOPDConfig(RockTokenArguments, GKDConfig):
             Teacher log-probabilities per position: required with a server (its `prompt_logprobs`); with an in-process
             teacher, truncates it to its top-k (to measure what a served teacher would cost). The loss is then the
             divergence over those ids plus a tail bin, a lower bound of the full one.
+        rock_statistics_per_teacher (`bool`, *optional*, defaults to `False`):
+            Several served teachers: also write each teacher's own rock table to `rock_tokens.json` (`per_teacher`);
+            the frozen set stays pooled.
         teacher_cache (`str`, *optional*):
             Offline teacher cache (`hf-rockopd teacher-cache`): the dataset's own completions (`lmbda < 1`) are read
             from it, rollouts go to `teacher_server_url` (required unless `lmbda=0`). Top-k and temperature must

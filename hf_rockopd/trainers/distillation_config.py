@@ -30,8 +30,8 @@ class RockDistillationConfig(RockTokenArguments, DistillationConfig):
         rock_policy, rock_policy_kwargs, rock_probe_fraction, rock_policy_reset_on_resume, rock_normalization,
         loss_chunk_size:
             As in [`RockOPDConfig`] (`rock_policy` defaults to `"uniform"`).
-        teacher_server_url, teacher_top_k, teacher_cache, teacher_request_timeout, teacher_max_retries,
-        teacher_retry_backoff:
+        teacher_server_url, teacher_top_k, teacher_cache, rock_statistics_per_teacher, teacher_request_timeout,
+        teacher_max_retries, teacher_retry_backoff:
             A teacher outside the trainer, as in [`RockOPDConfig`]. With a server the loss temperature must be 1, so
             `temperature` (its default) must be 1 too, or `loss_temperature=1.0` set. Every batch here is a rollout,
             so a `teacher_cache` needs a server beside it and is only read for sequences it holds.

@@ -89,6 +89,10 @@ class RockTokenArguments:
             batch whose sequences it holds (the dataset's own completions, `lmbda < 1`) is read from it; the rest
             (the student's rollouts) goes to `teacher_server_url`, which is then required unless `lmbda=0`. Its
             top-k and temperature must be `teacher_top_k` and `loss_temperature` (a cache made otherwise is refused).
+        rock_statistics_per_teacher (`bool`, *optional*, defaults to `False`):
+            With several served teachers (`teacher_server_url` a dict, `RockOPDTrainer`): also count each teacher's
+            token divergences and write its own rock table to `rock_tokens.json` (`per_teacher`). The frozen set
+            stays pooled over the teachers.
         teacher_request_timeout (`float`, *optional*, defaults to `60.0`):
             Seconds to wait for one answer of the server.
         teacher_max_retries (`int`, *optional*, defaults to `3`):
@@ -167,6 +171,11 @@ class RockTokenArguments:
             "help": "Offline teacher cache (hf-rockopd teacher-cache): fixed sequences are read from it, the rest goes "
             "to teacher_server_url (required unless lmbda=0). Its top-k must be teacher_top_k."
         },
+    )
+    rock_statistics_per_teacher: bool = field(
+        default=False,
+        metadata={"help": "Several served teachers: also write each teacher's own rock table to rock_tokens.json "
+                  "(the frozen set stays pooled)."},
     )
     teacher_request_timeout: float = field(
         default=60.0, metadata={"help": "Seconds to wait for one answer of the teacher server."}
@@ -288,6 +297,11 @@ class RockTokenArguments:
                 )
         if self.teacher_cache is not None:
             self._check_teacher_cache()
+        if self.rock_statistics_per_teacher and not isinstance(url, dict):
+            raise ValueError(
+                "rock_statistics_per_teacher=True needs several served teachers (teacher_server_url as a dict name -> "
+                f"URL), got teacher_server_url={url!r}."
+            )
         if not math.isfinite(self.teacher_request_timeout) or self.teacher_request_timeout <= 0:
             raise ValueError(f"teacher_request_timeout must be > 0 seconds, got {self.teacher_request_timeout}.")
         retries = self.teacher_max_retries
