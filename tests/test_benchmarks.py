@@ -382,3 +382,26 @@ def test_gpu_training_runs_past_the_deadline_are_recorded_as_skipped():
                                      trainers=("rockopd", "gkd"), betas=(0.0,), deadline=0.0)  # fmt: skip
     assert records == seen and [r["trainer"] for r in records] == ["rockopd", "gkd"]
     assert all("budget" in r["skipped"] and "median" not in r for r in records)
+
+
+def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_path, monkeypatch):
+    """benchmarks/decode.py on a tiny saved model: MKL, packed body, packed body + head rows with ratios to the floor,
+    and the packed greedy tokens equal the dense ones (issue 29)."""
+    import json
+
+    from benchmarks import decode
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_causal_lm(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    monkeypatch.setattr(decode, "read_bandwidth", lambda: 10e9)  # the 1 GiB read is the slow part; not under test
+    out = tmp_path / "decode.json"
+    assert decode.main(["--models", str(tmp_path / "tiny"), "--batches", "1", "3", "--tokens", "3", "--threads",
+                        "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = result["models"][0]["rows"]
+    assert [(r["mode"], r["batch"]) for r in rows] == [(m, b) for m in ("mkl", "packed", "packed_head") for b in (1, 3)]
+    assert all(r["step_s"] > 0 and r["ratio_to_floor"] == r["step_s"] / result["models"][0]["floor_s"] for r in rows)
+    assert [r["same_greedy_rows"] for r in rows if r["mode"] != "mkl"] == [1, 3, 1, 3]
+    assert "packed body + head" in out.with_suffix(".md").read_text()
