@@ -7,8 +7,10 @@ small-M path runs them well above the time it takes to read W once (issue 29: on
 (`benchmarks/decode.py`). The converted weight replaces the dense one, so no model is held twice.
 
 Only weights that never train may be packed: the whole teacher, a model loaded just to evaluate or serve. The packed
-layer has no backward, so it refuses an input that needs a gradient rather than return one silently wrong. The
-output head stays dense: the engine projects teacher rows with `lm_head.weight` itself (`hf_rockopd.engine`).
+layer has no backward, so it refuses an input that needs a gradient rather than return one silently wrong. A
+trainer's teacher keeps its output head dense (`skip`): the trainers read the head's weight (its device; FSDP2
+gathers it), while the commands that only generate and score (`eval`, the lab, `serve-teacher`) pack it too, which
+matters most for a small model whose head is a third of its bytes (`benchmarks/decode.py`).
 
 Example:
 ```python
