@@ -37,6 +37,7 @@ from .models import (
     pack_for_inference,
     prune_decoder_layers,
     resolve_causal_lm,
+    resolve_tokenizer,
 )
 from .distill_output import clean_saved_config, compact_progress, distill_report
 from .publishing.run_report import write_run_report
@@ -278,7 +279,14 @@ def _load_models(
         # The teacher lives elsewhere: only the student loads; the trainer probes the server's vocabulary.
         phases("loading student", f"{script.student} (the teacher is outside this process: {served})")
         student = resolve_causal_lm(script.student, on_phase=phases)
-        teacher = ResolvedModel(None, student.tokenizer, served, served)
+        # The teacher's tokenizer, as an in-process run uses: its chat template formats every prompt, and the
+        # teacher's reference was made with it.
+        teacher = ResolvedModel(None, resolve_tokenizer(script.teacher), served, served)
+        if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+            raise ValueError(
+                f"The student {script.student!r} and the teacher {script.teacher!r} have different tokenizers; "
+                "token-level distillation needs one shared vocabulary."
+            )
     else:
         phases("loading teacher", script.teacher)
         teacher = resolve_causal_lm(script.teacher, on_phase=phases)

@@ -50,29 +50,10 @@ def load_model(name: str, loading: LoadingArguments):
 
 
 def load_tokenizer(name: str):
-    """The tokenizer of a path or Hub id, found in the order models are (`resolve_causal_lm`): a local path, the
-    Hugging Face cache, the converted copy of an offline GGUF (made now if missing, with its model), then the Hub.
+    """The tokenizer of a path or Hub id, looked up locally first (`hf_rockopd.models.resolve_tokenizer`)."""
+    from ..models import resolve_tokenizer
 
-    Local first, so an offline machine never waits on Hub retries for a tokenizer it holds.
-    """
-    import os
-
-    from transformers import AutoTokenizer
-
-    from ..models import GGUF_SOURCES, converted_model_dir, resolve_causal_lm
-
-    if os.path.exists(name):
-        return AutoTokenizer.from_pretrained(name)
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except OSError:
-        pass
-    if name in GGUF_SOURCES:
-        converted = converted_model_dir(name)
-        if os.path.isfile(os.path.join(converted, "tokenizer_config.json")):
-            return AutoTokenizer.from_pretrained(converted)
-        return resolve_causal_lm(name).tokenizer
-    return AutoTokenizer.from_pretrained(name)
+    return resolve_tokenizer(name)
 
 
 def load_problems(source: Any, **kwargs: Any) -> list:

@@ -20,7 +20,7 @@ from .gguf import check_gguf_metadata, load_gguf_causal_lm, read_gguf_metadata
 from .packing import PACKING_ENV, PackedLinear, can_pack, dense_named_parameters, pack_for_inference
 from .pruning import middle_block_layers, prune_decoder_layers
 from .quantization import unpack_cpu_4bit_weights
-from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm
+from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm, resolve_tokenizer
 from .sources import (
     GGUF_SOURCES,
     QWEN_CODER_0_5B_ID,
@@ -67,6 +67,7 @@ __all__ = [
     "prune_decoder_layers",
     "read_gguf_metadata",
     "resolve_causal_lm",
+    "resolve_tokenizer",
     "smollm2_gguf_path",
     "unpack_cpu_4bit_weights",
 ]

@@ -230,3 +230,31 @@ def _save_atomically(model: PreTrainedModel, tokenizer: Any, source: GgufSource,
         json.dump(provenance, handle, indent=2)
     shutil.rmtree(target, ignore_errors=True)  # a leftover without config.json (checked by the caller)
     os.replace(partial, target)
+
+
+def resolve_tokenizer(name: str, cache_dir: str | os.PathLike | None = None) -> Any:
+    """The tokenizer of a model, found in `resolve_causal_lm`'s order: a local path, the Hugging Face cache, the
+    converted copy of an offline GGUF (made now, with its model, if missing), then the Hub (unless `HF_HUB_OFFLINE`).
+
+    Local first, so an offline machine never waits on Hub retries for a tokenizer it holds; the model's weights are
+    loaded only when a GGUF has not been converted yet.
+
+    Example:
+    ```python
+    tokenizer = resolve_tokenizer("Qwen/Qwen2.5-Coder-1.5B-Instruct")  # offline: the converted GGUF copy's
+    ```
+    """
+    from transformers import AutoTokenizer
+
+    if os.path.exists(name):
+        return AutoTokenizer.from_pretrained(name)
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except OSError:
+        pass
+    if name in GGUF_SOURCES:
+        converted = converted_model_dir(name, cache_dir)
+        if os.path.isfile(os.path.join(converted, "tokenizer_config.json")):
+            return AutoTokenizer.from_pretrained(converted)
+        return resolve_causal_lm(name, cache_dir=cache_dir).tokenizer
+    return AutoTokenizer.from_pretrained(name)
