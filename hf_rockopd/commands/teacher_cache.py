@@ -56,8 +56,10 @@ class TeacherCacheArguments:
     Example:
     ```python
     >>> from hf_rockopd.commands.teacher_cache import TeacherCacheArguments
-    >>> TeacherCacheArguments(reference="ref.json", teacher="t", top_k=16, out="c.parquet").batch_size
-    8
+    >>> TeacherCacheArguments(top_k=16)
+    Traceback (most recent call last):
+    ...
+    ValueError: Give exactly one of --distill_config (a distill YAML) or --reference (a reference JSON).
     ```
     """
 
