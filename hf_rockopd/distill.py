@@ -281,7 +281,7 @@ def _load_models(
         student = resolve_causal_lm(script.student, on_phase=phases)
         # The teacher's tokenizer, as an in-process run uses: its chat template formats every prompt, and the
         # teacher's reference was made with it.
-        teacher = ResolvedModel(None, resolve_tokenizer(script.teacher), served, served)
+        teacher = ResolvedModel(None, resolve_tokenizer(script.teacher), served, script.teacher)
         if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
             raise ValueError(
                 f"The student {script.student!r} and the teacher {script.teacher!r} have different tokenizers; "
