@@ -388,6 +388,7 @@ def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_p
     """benchmarks/decode.py on a tiny saved model: MKL, packed body, packed body + head rows with ratios to the floor,
     and the packed greedy tokens equal the dense ones (issue 29)."""
     import json
+    import math
 
     from benchmarks import decode
     from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
@@ -402,6 +403,9 @@ def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_p
     result = json.loads(out.read_text())
     rows = result["models"][0]["rows"]
     assert [(r["mode"], r["batch"]) for r in rows] == [(m, b) for m in ("mkl", "packed", "packed_head") for b in (1, 3)]
-    assert all(r["step_s"] > 0 and r["ratio_to_floor"] == r["step_s"] / result["models"][0]["floor_s"] for r in rows)
+    # A tiny model's step is the difference of two short timings: under load it can even come out negative, so only
+    # its form is checked here, not its size.
+    assert all(math.isfinite(r["step_s"]) and r["ratio_to_floor"] == r["step_s"] / result["models"][0]["floor_s"]
+               for r in rows)  # fmt: skip
     assert [r["same_greedy_rows"] for r in rows if r["mode"] != "mkl"] == [1, 3, 1, 3]
     assert "packed body + head" in out.with_suffix(".md").read_text()
