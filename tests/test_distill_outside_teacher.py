@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import yaml
-from served_teacher import VOCAB, server, teacher_dir  # noqa: F401 (fixtures)
+from served_teacher import server, teacher_dir  # noqa: F401 (fixtures)
 from test_distill import write_problems
 
 from hf_rockopd import distill

@@ -288,6 +288,12 @@ def _score_chunks(
     return chunks
 
 
+def _completion_positions(completions: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) of every completion token of a packed chunk, in completion then position order."""
+    rows = torch.cat([torch.full((len(c),), r, dtype=torch.long) for r, c in enumerate(completions)])
+    return rows, torch.cat([torch.arange(len(c)) for c in completions])
+
+
 @torch.no_grad()
 def scored_chunks(
     student: torch.nn.Module,
@@ -330,8 +336,7 @@ def scored_chunks(
         )
         s_logits = completion_logits(student, ids.to(device), mask.to(device), prompt_len)
         t_logits = completion_logits(teacher, ids.to(teacher_device), mask.to(teacher_device), prompt_len)
-        rows = torch.cat([torch.full((len(c),), r, dtype=torch.long) for r, c in enumerate(completions)])
-        cols = torch.cat([torch.arange(len(c)) for c in completions])
+        rows, cols = _completion_positions(completions)
         s = s_logits[rows.to(device), cols.to(device)].float()
         t = t_logits[rows.to(teacher_device), cols.to(teacher_device)].float().to(device)
         bar.update(len(rows))
@@ -424,8 +429,7 @@ def _score_against_topk(
             needed[:, prompt_len:] = mask[:, prompt_len:].bool()
             targets = teacher.targets(ids, mask, step=step, needed=needed)
             s_logits = completion_logits(student, ids.to(device), mask.to(device), prompt_len)
-            rows = torch.cat([torch.full((len(c),), r, dtype=torch.long) for r, c in enumerate(completions)])
-            cols = torch.cat([torch.arange(len(c)) for c in completions])
+            rows, cols = _completion_positions(completions)
             s = s_logits[rows.to(device), cols.to(device)].float()
             t_ids, t_lp = unpack_topk(targets[rows, prompt_len + cols].to(device))
             if bool((t_ids[:, 0] < 0).any()):
