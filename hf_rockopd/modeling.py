@@ -109,6 +109,8 @@ def vocab_size(model: nn.Module) -> int:
     weight = getattr(head, "weight", None)
     if weight is not None and weight.dim() == 2 and weight.shape[0] > 1 and not hasattr(weight, "quant_state"):
         return int(weight.shape[0])
+    if weight is None and isinstance(getattr(head, "out_features", None), int):
+        return head.out_features  # a head packed for CPU inference (`models.PackedLinear`) keeps no dense weight
     return int(model.config.get_text_config().vocab_size)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from huggingface_hub import ModelCard
+from safetensors.torch import load_file
 
 from hf_rockopd import RockOPDConfig, distill
 from hf_rockopd.cli import main as cli_main
@@ -156,6 +157,31 @@ def test_lora_run_saves_an_adapter(tiny_run):
     assert ModelCard.load(run / "README.md").data.library_name == "peft"
 
 
+def test_lora_run_with_packed_frozen_layers_equals_the_dense_run(tiny_run, monkeypatch, capsys):
+    """On one CPU process the teacher and the student's frozen base layers are oneDNN-packed (issue 29): the losses,
+    the evaluation answers and the trained adapter equal those of the same run with packing off."""
+    tmp_path, script, args = tiny_run
+    runs = {}
+    for packing in ("1", "0"):
+        monkeypatch.setenv("HF_ROCKOPD_PACK_LINEAR", packing)
+        out = tmp_path / f"run_{packing}"
+        result = run_distillation(script(), args(output_dir=str(out)), StudentModelConfig(use_peft=True, lora_r=4, lora_alpha=8))
+        runs[packing] = (result.report, load_file(out / "adapter_model.safetensors"))
+        phases = capsys.readouterr().err
+        assert ("student's frozen layers packed: 14 linear layers" in phases) == (packing == "1"), phases
+    (packed, packed_adapter), (dense, dense_adapter) = runs["1"], runs["0"]
+    losses = [row["loss"] for row in packed["log_history"] if "loss" in row]
+    assert losses == pytest.approx([row["loss"] for row in dense["log_history"] if "loss" in row], rel=1e-4)
+    for phase in ("before", "after"):
+        assert packed["eval"][phase]["accuracy"] == dense["eval"][phase]["accuracy"]
+        assert packed["eval"][phase]["mean_divergence"] == pytest.approx(dense["eval"][phase]["mean_divergence"], rel=1e-4)
+        answers = [json.load(open(tmp_path / f"run_{p}" / f"eval_{phase}.json"))["records"] for p in ("1", "0")]
+        assert answers[0] and [r["completion"] for r in answers[0]] == [r["completion"] for r in answers[1]]
+    assert packed_adapter.keys() == dense_adapter.keys()
+    for name, tensor in packed_adapter.items():
+        torch.testing.assert_close(tensor, dense_adapter[name], atol=1e-5, rtol=1e-4)
+
+
 def test_4bit_student_trains_lora_adapters(tiny_run):
     """--load_in_4bit: the pruned student is quantized to nf4 through bitsandbytes and trained with LoRA (QLoRA)."""
     pytest.importorskip("bitsandbytes")
@@ -242,7 +268,7 @@ def test_missing_dataset_file_and_too_few_rows(tmp_path, tiny_run, no_model_load
 def test_prompt_longer_than_the_limit_fails_before_evaluation(tmp_path, tiny_run, monkeypatch):
     _, script, args = tiny_run
     data = write_problems(tmp_path / "long.jsonl", long_question=True)
-    monkeypatch.setattr(distill, "_evaluate", lambda *a, **k: pytest.fail("evaluated before checking prompts"))
+    monkeypatch.setattr(distill, "evaluate_student", lambda *a, **k: pytest.fail("evaluated before checking prompts"))
     with pytest.raises(PromptTooLongError, match="longer than max_length=128"):
         run_distillation(script(dataset=data), args(max_length=128))
 

@@ -17,7 +17,16 @@ Example:
 
 from .errors import GgufNotInstalledError, GgufSourceError, ModelNotFoundError
 from .gguf import check_gguf_metadata, load_gguf_causal_lm, read_gguf_metadata
-from .packing import PACKING_ENV, PackedLinear, can_pack, dense_named_parameters, pack_for_inference
+from .packing import (
+    PACKING_ENV,
+    PackedLinear,
+    can_pack,
+    dense_named_parameters,
+    pack_for_inference,
+    pack_frozen_linears,
+    packed_for_inference,
+    unpack_linears,
+)
 from .pruning import middle_block_layers, prune_decoder_layers
 from .quantization import unpack_cpu_4bit_weights
 from .resolve import PROVENANCE_NAME, ResolvedModel, converted_model_dir, resolve_causal_lm, resolve_tokenizer
@@ -64,6 +73,9 @@ __all__ = [
     "locate_gguf",
     "middle_block_layers",
     "pack_for_inference",
+    "pack_frozen_linears",
+    "packed_for_inference",
+    "unpack_linears",
     "prune_decoder_layers",
     "read_gguf_metadata",
     "resolve_causal_lm",

@@ -1,0 +1,180 @@
+"""The main job's own options (`hf-rockopd distill`): models, data and evaluation. Training options are the fields
+of [`~hf_rockopd.RockOPDConfig`], LoRA and 4-bit those of [`~hf_rockopd.distill.StudentModelConfig`].
+
+Example:
+```python
+>>> from hf_rockopd.distill_arguments import DistillArguments
+>>> DistillArguments(dataset="openai/gsm8k", num_train_prompts=64).verifier
+'math'
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .checks import check_at_least
+from .data.chat import check_system_prompt
+from .distill_trainer import TRAINER_CHOICES, VLLM_MODES
+from .evaluation.answers import VERIFIERS, check_verifier
+from .models import SMOLLM2_ID
+from .trainers.distillation import check_vllm_available
+
+
+__all__ = ["DistillArguments"]
+
+
+@dataclass
+class DistillArguments:
+    r"""
+    Arguments of `hf-rockopd distill` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s) and the student's
+    LoRA and 4-bit ones ([`StudentModelConfig`], TRL's `ModelConfig`).
+
+    Parameters:
+        > Models
+
+        teacher (`str`, *optional*, defaults to `"HuggingFaceTB/SmolLM2-135M-Instruct"`):
+            Hub id or local path of the teacher (see `hf_rockopd.models.resolve_causal_lm` for where it is looked up).
+        student (`str` or `None`, *optional*, defaults to `None`):
+            Hub id or local path of the student. `None`: a layer-pruned copy of the teacher.
+        student_num_layers (`int` or `None`, *optional*, defaults to `None`):
+            Keep this many decoder layers of the student's base model, dropping one contiguous block from the middle
+            (`hf_rockopd.models.middle_block_layers`). `None` keeps all layers of an explicit student and 24 layers of
+            a teacher copy.
+        student_layers (`list[int]` or `None`, *optional*, defaults to `None`):
+            Exact decoder-layer indices to keep (overrides `student_num_layers`).
+
+        > Data
+
+        dataset (`str`, *optional*, defaults to `"openai/gsm8k"`):
+            A Hub id or a local file (JSONL, JSON, Parquet, CSV) or folder, in TRL's formats: `messages`, `prompt`
+            (text or chat), or question/answer pairs (`hf_rockopd.data.detect_columns`). A Hub id is looked for
+            locally first (`hf_rockopd.data.resolve_dataset`: `$HF_ROCKOPD_DATA_DIR`, `../shared/data/<name>/`, the
+            `datasets` cache), then on the Hub.
+        dataset_config (`str` or `None`, *optional*, defaults to `None`):
+            Hub configuration name (`None`: the dataset's default; `main` for `openai/gsm8k`).
+        dataset_split (`str`, *optional*, defaults to `"train"`):
+            The split training prompts (and, without `eval_dataset`, the held-out problems) are drawn from.
+        prompt_column, answer_column (`str` or `None`, *optional*, defaults to `None`):
+            The columns holding the prompt and the reference answer, when the guess is wrong.
+        eval_dataset (`str` or `None`, *optional*, defaults to `None`):
+            Held-out problems from another dataset (same formats and columns); `None` draws them from `dataset`.
+        eval_dataset_config, eval_dataset_split (defaults `None`, `"test"`): its configuration and split.
+        num_train_prompts (`int`, *optional*, defaults to `256`):
+            Training prompts drawn from the non-held-out rows.
+        num_eval_problems (`int`, *optional*, defaults to `16`):
+            Held-out problems, never trained on, used for evaluation before and after training.
+        system_prompt (`str` or `None`, *optional*, defaults to `None`):
+            A system turn before every training prompt and held-out problem (e.g. asking for short answers, so
+            that completions end within `max_new_tokens`). `None`: the chat template's default.
+
+        > Evaluation
+
+        eval_max_new_tokens (`int`, *optional*, defaults to `192`):
+            Greedy new tokens per held-out problem.
+        eval_batch_size (`int`, *optional*, defaults to `16`):
+            Problems generated at once.
+        verifier (`str`, *optional*, defaults to `"math"`):
+            How answers are checked (`hf_rockopd.evaluation.verify_answer`, math-verify): `"math"`, `"gsm8k"`
+            (`#### n` references) or `"none"` (no accuracy; every other measure still).
+        last_number (`bool`, *optional*, defaults to `False`):
+            Credit the last number of a finished answer that has no final-answer marker (never a cut one).
+        skip_eval (`bool`, *optional*, defaults to `False`):
+            Train and save without the before/after evaluation.
+
+        > Trainer
+
+        trainer (`str`, *optional*, defaults to `"gkd"`):
+            `"gkd"`: [`~hf_rockopd.RockOPDTrainer`] (TRL's `GKDTrainer`; every published number of the README).
+            `"distillation"`: [`~hf_rockopd.RockDistillationTrainer`] (TRL's stable `DistillationTrainer`: vLLM
+            generation, tool calling); the training options are carried over (`max_new_tokens` becomes
+            `max_completion_length`), and `lmbda`/`seq_kd` must keep their on-policy defaults.
+        use_vllm (`bool`, *optional*, defaults to `False`):
+            Generate with vLLM (`--trainer distillation` only); checked before any model loads.
+        vllm_mode (`str`, *optional*, defaults to `"colocate"`):
+            `"colocate"` (vLLM in the training process, one GPU) or `"server"` (a `trl vllm-serve` process).
+    """
+
+    teacher: str = field(default=SMOLLM2_ID, metadata={"help": "Hub id or local path of the teacher."})
+    student: str | None = field(
+        default=None, metadata={"help": "Hub id or local path of the student; default: a pruned copy of the teacher."}
+    )
+    student_num_layers: int | None = field(
+        default=None,
+        metadata={"help": "Decoder layers kept, a middle block dropped (default: 24 for a teacher copy, all otherwise)."},
+    )
+    student_layers: list[int] | None = field(
+        default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
+    )
+    dataset: str = field(
+        default="openai/gsm8k",
+        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt, "
+                  "or question/answer; a local copy is used first."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
+    dataset_split: str = field(default="train", metadata={"help": "Split the prompts are drawn from."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
+    )
+    eval_dataset: str | None = field(
+        default=None, metadata={"help": "Held-out problems from this dataset instead of from --dataset."}
+    )
+    eval_dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration of --eval_dataset."})
+    eval_dataset_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
+    num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
+    num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System turn before every prompt and problem (default: the template's)."}
+    )
+    eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
+    skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
+    verifier: str = field(
+        default="math",
+        metadata={"help": "How answers are checked (math-verify): math, gsm8k ('#### n' references) or none.",
+                  "choices": list(VERIFIERS)},
+    )
+    last_number: bool = field(
+        default=False,
+        metadata={"help": "Credit the last number of a finished answer without a final-answer marker (never a cut "
+                  "one)."},
+    )
+    trainer: str = field(
+        default="gkd",
+        metadata={
+            "help": "gkd: RockOPDTrainer (TRL's GKDTrainer); distillation: RockDistillationTrainer (TRL's "
+            "DistillationTrainer, with vLLM generation).",
+            "choices": list(TRAINER_CHOICES),
+        },
+    )
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with vLLM (--trainer distillation only)."})
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "vLLM mode: colocate (one GPU) or server (trl vllm-serve).", "choices": list(VLLM_MODES)},
+    )
+
+    def __post_init__(self):
+        check_at_least(self, "num_train_prompts", "eval_max_new_tokens", "eval_batch_size")
+        if isinstance(self.num_eval_problems, bool) or not isinstance(self.num_eval_problems, int):
+            raise ValueError(f"num_eval_problems must be an integer >= 0, got {self.num_eval_problems!r}.")
+        if self.num_eval_problems < (0 if self.skip_eval else 1):
+            raise ValueError(
+                f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
+            )
+        check_system_prompt(self.system_prompt)
+        check_verifier(self.verifier)
+        if self.student_num_layers is not None and self.student_num_layers < 1:
+            raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")
+        if self.student_layers is not None and len(self.student_layers) == 0:
+            raise ValueError("student_layers is empty: list the decoder-layer indices to keep, e.g. [0, 5, 11].")
+        if self.trainer not in TRAINER_CHOICES:
+            raise ValueError(f"trainer must be one of {', '.join(TRAINER_CHOICES)}, got {self.trainer!r}.")
+        if self.vllm_mode not in VLLM_MODES:
+            raise ValueError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, got {self.vllm_mode!r}.")
+        if self.use_vllm and self.trainer != "distillation":
+            raise ValueError(
+                "use_vllm needs --trainer distillation: RockOPDTrainer (TRL's GKDTrainer) generates with "
+                "transformers only."
+            )
+        check_vllm_available(self.use_vllm)  # before any model loads
