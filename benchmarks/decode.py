@@ -81,8 +81,14 @@ def decode_step(model, tokenizer, batch: int, tokens: int) -> tuple[float, torch
     return (total - prefill) / tokens, generated
 
 
-def measure_model(name: str, batches: list[int], tokens: int, bandwidth: float, threads: list[int]) -> dict[str, Any]:
-    """The dense and the packed rows of one model; the same model object is packed in place between them."""
+MODES = ("mkl", "packed", "packed_head")
+
+
+def measure_model(
+    name: str, batches: list[int], tokens: int, bandwidth: float, threads: list[int], modes: tuple[str, ...] = MODES
+) -> dict[str, Any]:
+    """The dense and the packed rows of one model (those of `modes`); the same model object is packed in place
+    between them."""
     from hf_rockopd.models import pack_for_inference, resolve_causal_lm
 
     resolved = resolve_causal_lm(name)
@@ -93,15 +99,17 @@ def measure_model(name: str, batches: list[int], tokens: int, bandwidth: float, 
     packed = 0
     # One model, packed in place step by step: the body's linears (what `distill` does to its teacher, whose head the
     # loss projects through), then the head too (what `eval`, the lab and `serve-teacher` do).
-    for mode in ("mkl", "packed", "packed_head"):
+    for mode in MODES:
         if mode != "mkl":
             packed += pack_for_inference(model, skip=("lm_head",) if mode == "packed" else ())
+        if mode not in modes:
+            continue
         for batch in batches:
             step, ids = decode_step(model, tokenizer, batch, tokens)
             same = None
             if mode == "mkl":
                 dense_ids[batch] = ids
-            else:
+            elif batch in dense_ids:
                 same = int((ids == dense_ids[batch]).all(dim=1).sum())
             rows.append(
                 {"mode": mode, "batch": batch, "threads": torch.get_num_threads(), "step_s": step,
@@ -109,7 +117,7 @@ def measure_model(name: str, batches: list[int], tokens: int, bandwidth: float, 
             )
             print(f"{name} {mode:11s} batch {batch:2d}: {step * 1e3:7.1f} ms/step = {step / floor:4.2f}x floor", flush=True)
     default_threads = torch.get_num_threads()
-    for count in threads:
+    for count in threads if "packed_head" in modes else []:
         if count == default_threads:
             continue
         torch.set_num_threads(count)
@@ -119,6 +127,39 @@ def measure_model(name: str, batches: list[int], tokens: int, bandwidth: float, 
         print(f"{name} packed_head batch  8, {count} threads: {step * 1e3:7.1f} ms/step", flush=True)
     torch.set_num_threads(default_threads)
     return {"model": name, "weight_bytes": nbytes, "floor_s": floor,
+            "packed_layers": packed, "rows": rows}
+
+
+def measure_lora(name: str, batches: list[int], tokens: int, bandwidth: float) -> dict[str, Any]:
+    """A LoRA student as `make distill` trains it (r 16 on every linear layer): its rollouts' and evaluation's decode
+    step with MKL, then with its frozen base layers packed (`pack_frozen_linears`; the head stays dense: the loss reads
+    it). The adapters start at zero, so the greedy tokens must equal the dense model's."""
+    from peft import LoraConfig, get_peft_model
+
+    from hf_rockopd.models import pack_frozen_linears, resolve_causal_lm
+
+    resolved = resolve_causal_lm(name)
+    config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear")
+    model, tokenizer = get_peft_model(resolved.model, config).eval(), resolved.tokenizer
+    nbytes = weight_bytes(model)
+    floor = nbytes / bandwidth
+    rows, dense_ids, packed = [], {}, 0
+    for mode in ("lora_mkl", "lora_packed_base"):
+        if mode == "lora_packed_base":
+            packed = pack_frozen_linears(model)
+        for batch in batches:
+            step, ids = decode_step(model, tokenizer, batch, tokens)
+            same = None
+            if mode == "lora_mkl":
+                dense_ids[batch] = ids
+            else:
+                same = int((ids == dense_ids[batch]).all(dim=1).sum())
+            rows.append(
+                {"mode": mode, "batch": batch, "threads": torch.get_num_threads(), "step_s": step,
+                 "ratio_to_floor": step / floor, "same_greedy_rows": same}
+            )
+            print(f"{name} {mode:16s} batch {batch:2d}: {step * 1e3:7.1f} ms/step = {step / floor:4.2f}x floor", flush=True)
+    return {"model": name, "lora": {"r": 16, "target_modules": "all-linear"}, "weight_bytes": nbytes, "floor_s": floor,
             "packed_layers": packed, "rows": rows}
 
 
@@ -134,6 +175,8 @@ def markdown(result: dict[str, Any]) -> str:
     for entry in result["models"]:
         default = [r for r in entry["rows"] if r["threads"] == result["threads"]]
         by = {(r["mode"], r["batch"]): r for r in default}
+        if any(mode not in {r["mode"] for r in default} for mode in MODES):
+            continue  # a partial run (`--modes`): its rows are in the JSON
         for batch in sorted({r["batch"] for r in default}):
             cells = [
                 f"{r['step_s'] * 1e3:.0f} ms ({r['ratio_to_floor']:.2f}x)"
@@ -143,6 +186,20 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {entry['model'].split('/')[-1]} | {entry['weight_bytes'] / 1e9:.2f} GB | {entry['floor_s'] * 1e3:.0f} ms "
                 f"| {batch} | {' | '.join(cells)} | {same} rows |"
+            )
+    for entry in result.get("lora_models", []):
+        by = {(r["mode"], r["batch"]): r for r in entry["rows"]}
+        if lines[-1] != "":
+            lines += ["", "A LoRA student (r 16, every linear layer) as `make distill` decodes its rollouts (batch 2) and "
+                      "evaluation answers (batch 8):", "",
+                      "| model | weights | floor / step | batch | MKL (before) | packed base layers | same greedy tokens |",
+                      "| --- | --- | --- | --- | --- | --- | --- |"]
+        for batch in sorted({r["batch"] for r in entry["rows"]}):
+            mkl, packed = by[("lora_mkl", batch)], by[("lora_packed_base", batch)]
+            lines.append(
+                f"| {entry['model'].split('/')[-1]} + LoRA | {entry['weight_bytes'] / 1e9:.2f} GB | "
+                f"{entry['floor_s'] * 1e3:.0f} ms | {batch} | {mkl['step_s'] * 1e3:.0f} ms ({mkl['ratio_to_floor']:.2f}x) | "
+                f"{packed['step_s'] * 1e3:.0f} ms ({packed['ratio_to_floor']:.2f}x) | {packed['same_greedy_rows']}/{batch} rows |"
             )
     return "\n".join(lines)
 
@@ -155,8 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 16])
     parser.add_argument("--tokens", type=int, default=24, help="Greedy tokens per measurement (after a warm-up).")
     parser.add_argument("--threads", nargs="*", type=int, default=[1], help="Other thread counts tried at batch 8.")
+    parser.add_argument(
+        "--lora_models", nargs="*", default=["Qwen/Qwen2.5-Coder-0.5B-Instruct"], help="Measured again under LoRA."
+    )
+    parser.add_argument("--lora_batches", nargs="+", type=int, default=[2, 8])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="Rows measured per model.")
+    parser.add_argument("--interop_threads", type=int, default=None, help="torch.set_num_interop_threads first.")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode.json"))
     args = parser.parse_args(argv)
+    if args.interop_threads is not None:
+        torch.set_num_interop_threads(args.interop_threads)
     torch.manual_seed(0)
     bandwidth = read_bandwidth()
     print(f"{cpu_description()}: read bandwidth {bandwidth / 1e9:.1f} GB/s, {torch.get_num_threads()} threads", flush=True)
@@ -168,7 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_start": os.getloadavg(),
         "bandwidth_gb_s": bandwidth / 1e9,
         "tokens": args.tokens,
-        "models": [measure_model(m, args.batches, args.tokens, bandwidth, args.threads) for m in args.models],
+        "interop_threads": torch.get_num_interop_threads(),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))},
+        "models": [
+            measure_model(m, args.batches, args.tokens, bandwidth, args.threads, tuple(args.modes)) for m in args.models
+        ],
+        "lora_models": [measure_lora(m, args.lora_batches, args.tokens, bandwidth) for m in args.lora_models],
     }
     result["load_average_at_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .checks import check_at_least
-from .data.chat import check_system_prompt
+from .data.arguments import DatasetArguments
 from .distill_trainer import TRAINER_CHOICES, VLLM_MODES
 from .evaluation.answers import VERIFIERS, check_verifier
 from .models import SMOLLM2_ID
@@ -25,7 +25,7 @@ __all__ = ["DistillArguments"]
 
 
 @dataclass
-class DistillArguments:
+class DistillArguments(DatasetArguments):
     r"""
     Arguments of `hf-rockopd distill` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s) and the student's
     LoRA and 4-bit ones ([`StudentModelConfig`], TRL's `ModelConfig`).
@@ -46,27 +46,13 @@ class DistillArguments:
 
         > Data
 
-        dataset (`str`, *optional*, defaults to `"openai/gsm8k"`):
-            A Hub id or a local file (JSONL, JSON, Parquet, CSV) or folder, in TRL's formats: `messages`, `prompt`
-            (text or chat), or question/answer pairs (`hf_rockopd.data.detect_columns`). A Hub id is looked for
-            locally first (`hf_rockopd.data.resolve_dataset`: `$HF_ROCKOPD_DATA_DIR`, `../shared/data/<name>/`, the
-            `datasets` cache), then on the Hub.
-        dataset_config (`str` or `None`, *optional*, defaults to `None`):
-            Hub configuration name (`None`: the dataset's default; `main` for `openai/gsm8k`).
-        dataset_split (`str`, *optional*, defaults to `"train"`):
-            The split training prompts (and, without `eval_dataset`, the held-out problems) are drawn from.
-        prompt_column, answer_column (`str` or `None`, *optional*, defaults to `None`):
-            The columns holding the prompt and the reference answer, when the guess is wrong.
-        eval_dataset (`str` or `None`, *optional*, defaults to `None`):
-            Held-out problems from another dataset (same formats and columns); `None` draws them from `dataset`.
-        eval_dataset_config, eval_dataset_split (defaults `None`, `"test"`): its configuration and split.
+        dataset, dataset_config, dataset_split, prompt_column, answer_column, eval_dataset, eval_dataset_config,
+        eval_dataset_split, system_prompt:
+            Where the prompts and held-out problems come from: see [`~hf_rockopd.data.arguments.DatasetArguments`].
         num_train_prompts (`int`, *optional*, defaults to `256`):
             Training prompts drawn from the non-held-out rows.
         num_eval_problems (`int`, *optional*, defaults to `16`):
             Held-out problems, never trained on, used for evaluation before and after training.
-        system_prompt (`str` or `None`, *optional*, defaults to `None`):
-            A system turn before every training prompt and held-out problem (e.g. asking for short answers, so
-            that completions end within `max_new_tokens`). `None`: the chat template's default.
 
         > Evaluation
 
@@ -106,27 +92,8 @@ class DistillArguments:
     student_layers: list[int] | None = field(
         default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
     )
-    dataset: str = field(
-        default="openai/gsm8k",
-        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt, "
-                  "or question/answer; a local copy is used first."},
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
-    dataset_split: str = field(default="train", metadata={"help": "Split the prompts are drawn from."})
-    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
-    answer_column: str | None = field(
-        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
-    )
-    eval_dataset: str | None = field(
-        default=None, metadata={"help": "Held-out problems from this dataset instead of from --dataset."}
-    )
-    eval_dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration of --eval_dataset."})
-    eval_dataset_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
-    system_prompt: str | None = field(
-        default=None, metadata={"help": "System turn before every prompt and problem (default: the template's)."}
-    )
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
@@ -162,7 +129,7 @@ class DistillArguments:
             raise ValueError(
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
-        check_system_prompt(self.system_prompt)
+        super().__post_init__()
         check_verifier(self.verifier)
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers must be >= 1, got {self.student_num_layers}.")

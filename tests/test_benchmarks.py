@@ -388,7 +388,7 @@ def test_gpu_training_runs_past_the_deadline_are_recorded_as_skipped():
 
 def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_path, monkeypatch):
     """benchmarks/decode.py on a tiny saved model: MKL, packed body, packed body + head rows with ratios to the floor,
-    and the packed greedy tokens equal the dense ones (issue 29)."""
+    the LoRA student's rows, and the packed greedy tokens equal the dense ones (issue 29)."""
     import json
     import math
 
@@ -401,7 +401,7 @@ def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_p
     monkeypatch.setattr(decode, "read_bandwidth", lambda: 10e9)  # the 1 GiB read is the slow part; not under test
     out = tmp_path / "decode.json"
     assert decode.main(["--models", str(tmp_path / "tiny"), "--batches", "1", "3", "--tokens", "3", "--threads",
-                        "--out", str(out)]) == 0  # fmt: skip
+                        "--lora_models", str(tmp_path / "tiny"), "--lora_batches", "2", "--out", str(out)]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["models"][0]["rows"]
     assert [(r["mode"], r["batch"]) for r in rows] == [(m, b) for m in ("mkl", "packed", "packed_head") for b in (1, 3)]
@@ -410,4 +410,11 @@ def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_p
     assert all(math.isfinite(r["step_s"]) and r["ratio_to_floor"] == r["step_s"] / result["models"][0]["floor_s"]
                for r in rows)  # fmt: skip
     assert [r["same_greedy_rows"] for r in rows if r["mode"] != "mkl"] == [1, 3, 1, 3]
-    assert "packed body + head" in out.with_suffix(".md").read_text()
+    table = out.with_suffix(".md").read_text()
+    assert "packed body + head" in table and "packed base layers" in table
+    lora = result["lora_models"][0]
+    # Under LoRA every base layer is packed, the head is not; zero-initialised adapters keep the greedy tokens.
+    assert lora["packed_layers"] == 7 * 2
+    assert [(r["mode"], r["batch"], r["same_greedy_rows"]) for r in lora["rows"]] == [
+        ("lora_mkl", 2, None), ("lora_packed_base", 2, 2)
+    ]

@@ -16,7 +16,7 @@ from ..distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
 from ..data.resolve import DEFAULT_CONFIGS
-from ..data.chat import check_system_prompt
+from ..data.arguments import DatasetArguments
 from ..models import SMOLLM2_ID
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
@@ -58,10 +58,11 @@ BUDGET_FIELDS = (
 
 
 @dataclass
-class AblateArguments:
+class AblateArguments(DatasetArguments):
     r"""
     Arguments of `hf-rockopd ablate` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s: `--output_dir` is the
-    ablation's root directory and `--max_steps` the steps of every run).
+    ablation's root directory and `--max_steps` the steps of every run); the data options are
+    [`~hf_rockopd.data.arguments.DatasetArguments`]'s.
 
     Example:
     ```python
@@ -120,22 +121,6 @@ class AblateArguments:
                   '\'{"rock_online": {"top_k": 20}}\'.'},
     )
     # > Data and evaluation
-    dataset: str = field(
-        default="openai/gsm8k",
-        metadata={"help": "Hub id or local file/folder (JSONL, JSON, Parquet, CSV) in TRL's formats: messages, prompt, "
-                  "or question/answer; a local copy is used first."},
-    )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration (default: the dataset's)."})
-    dataset_split: str = field(default="train", metadata={"help": "Split the prompts are drawn from."})
-    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the prompt (default: guessed)."})
-    answer_column: str | None = field(
-        default=None, metadata={"help": "Column holding the reference answer (default: guessed)."}
-    )
-    eval_dataset: str | None = field(
-        default=None, metadata={"help": "Held-out problems from this dataset instead of from --dataset."}
-    )
-    eval_dataset_config: str | None = field(default=None, metadata={"help": "Hub configuration of --eval_dataset."})
-    eval_dataset_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
     verifier: str = field(
         default="math",
         metadata={"help": "How answers are checked (math-verify): math or gsm8k ('#### n' references).",
@@ -144,9 +129,6 @@ class AblateArguments:
     split_seed: int = field(default=42, metadata={"help": "Seed of the train / held-out split (one for every run)."})
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=32, metadata={"help": "Held-out problems evaluated after every run."})
-    system_prompt: str | None = field(
-        default=None, metadata={"help": "System turn before every prompt and problem (default: the template's)."}
-    )
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Problems generated (and rollouts made) at once."})
 
@@ -159,7 +141,7 @@ class AblateArguments:
         for name in ("student_num_layers", "rock_max_new_tokens"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
-        check_system_prompt(self.system_prompt)
+        super().__post_init__()
         if self.verifier not in ("math", "gsm8k"):
             raise ValueError(
                 f"verifier must be 'math' or 'gsm8k' (the ablation compares accuracy), got {self.verifier!r}."

@@ -15,6 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 # The trainer, from the rest of the package (a reorganization changes this line only).
+from ..models import pack_frozen_linears, unpack_linears
 from ..trainers import RockOPDTrainer
 
 __all__ = ["ComputeMeter", "train_copy"]
@@ -115,5 +116,11 @@ def train_copy(
         peft_config=copy.deepcopy(peft_config),
     )
     trainer.meter = meter
-    trainer.train(resume_from_checkpoint=resume)
+    if args.device.type == "cpu" and not args.fsdp and not args.deepspeed and args.world_size == 1:
+        # The LoRA base layers' rollouts through oneDNN (issue 29); dense again before anyone merges or saves them.
+        pack_frozen_linears(trainer.model)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        unpack_linears(trainer.model)
     return trainer, meter

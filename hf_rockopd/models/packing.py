@@ -209,18 +209,11 @@ def pack_frozen_linears(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) 
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = parent.get_submodule(child)
         setattr(parent, child, PackedLinear(linear))
-        # The dense weight is dropped here; its memory-mapped pages would stay counted until the whole file's map
-        # goes, holding the model twice at the peak (issue 29: +1.7 GB on the Qwen teacher).
+        # The dense weight is dropped here, but transformers loads safetensors through one memory map per file,
+        # unmapped only when no tensor of it is left: its pages would stay counted, the model held twice at the peak
+        # (issue 29: +1.7 GB on the Qwen teacher). They are released one weight at a time instead; the embeddings
+        # and norms stay in the map, where only the rows a lookup touches take memory.
         pages.release(linear.weight)
-    # transformers loads safetensors through one memory map per file, released only when no tensor of it is left:
-    # owning copies of the rest (embeddings, norms) let the map go, so the packed model takes what the dense one took.
-    for module in model.modules():
-        for tensors in (module._parameters, module._buffers):
-            for key, tensor in tensors.items():
-                if tensor is not None and not tensor.is_mkldnn and pages.mapped(tensor):
-                    mapped = tensor.data
-                    tensor.data = mapped.clone()
-                    pages.release(mapped, owner=tensor)
     return len(targets)
 
 
@@ -322,16 +315,15 @@ class _FileMappedPages:
         index = bisect.bisect_right(self.ranges, (start, float("inf"))) - 1
         return index >= 0 and self.ranges[index][0] <= start < self.ranges[index][1]
 
-    def release(self, tensor: torch.Tensor, owner: torch.Tensor | None = None) -> None:
-        """Drop the whole pages of `tensor` (held by `owner`, default itself), unless another tensor uses them."""
+    def release(self, tensor: torch.Tensor) -> None:
+        """Drop the whole pages of `tensor`, unless another tensor uses them."""
         if not tensor.is_contiguous() or not self.mapped(tensor):
             return
         start = tensor.data_ptr()
         end = start + tensor.numel() * tensor.element_size()
         low = -(-start // self.page) * self.page
         high = end // self.page * self.page
-        owner_id = id(tensor if owner is None else owner)
-        shared = any(a < high and low < b for a, b, other in self.tensors if other != owner_id)
+        shared = any(a < high and low < b for a, b, other in self.tensors if other != id(tensor))
         if high > low and not shared:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), 4)  # 4: MADV_DONTNEED
