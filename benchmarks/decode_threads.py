@@ -6,7 +6,7 @@ against the default's, from one run of this script. Intra-op threads (`torch.set
 `benchmarks.decode --threads` itself.
 
 ```
-python -m benchmarks.decode_threads          # about 5 minutes on 2 cores
+python -m benchmarks.decode_threads          # 2 rounds of 5 settings, about 15 minutes on 2 cores
 ```
 """
 
@@ -57,23 +57,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="Rounds over all settings (round-robin, so a drift of the host's speed "
+        "reaches every setting alike)."
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_threads.json"))
     args = parser.parse_args(argv)
+    runs = []
+    for round_ in range(args.repeats):
+        for name in args.settings:
+            runs.append({"round": round_, **run_setting(name, SETTINGS[name], args.model, args.batch, args.tokens)})
+            print(f"round {round_} {name:40s} {runs[-1]['step_s'] * 1e3:7.1f} ms/step "
+                  f"(read bandwidth {runs[-1]['bandwidth_gb_s']:.1f} GB/s)", flush=True)
+    # Each setting against the default of the same round: the host's speed moves between rounds.
     rows = []
     for name in args.settings:
-        rows.append(run_setting(name, SETTINGS[name], args.model, args.batch, args.tokens))
-        print(f"{name:40s} {rows[-1]['step_s'] * 1e3:7.1f} ms/step ({rows[-1]['ratio_to_floor']:.2f}x floor)", flush=True)
-    base = next((r["step_s"] for r in rows if r["setting"] == "default"), rows[0]["step_s"])
-    for row in rows:
-        row["ratio_to_default"] = row["step_s"] / base
+        steps = [r["step_s"] for r in runs if r["setting"] == name]
+        ratios = [
+            r["step_s"] / next(d["step_s"] for d in runs if d["setting"] == args.settings[0] and d["round"] == r["round"])
+            for r in runs if r["setting"] == name
+        ]
+        rows.append({"setting": name, "env": SETTINGS[name], "steps_s": steps, "ratios_to_first": ratios})
     result = {"processor": cpu_description(), "model": args.model, "batch": args.batch, "tokens": args.tokens,
-              "load_average_at_end": os.getloadavg(), "rows": rows}
+              "first_setting": args.settings[0], "load_average_at_end": os.getloadavg(), "rows": rows, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Processor: {result['processor']}; {args.model}, packed body + head, batch {args.batch}, "
-             f"{args.tokens} greedy tokens, one process per setting.", "",
-             "| setting | step | × default |", "| --- | --- | --- |"]
-    lines += [f"| {r['setting']} | {r['step_s'] * 1e3:.0f} ms | {r['ratio_to_default']:.2f} |" for r in rows]
+             f"{args.tokens} greedy tokens, one process per setting and round, {args.repeats} rounds.", "",
+             f"| setting | step, each round | × {args.settings[0]} of the same round |", "| --- | --- | --- |"]
+    lines += [
+        f"| {r['setting']} | {', '.join(f'{x * 1e3:.0f} ms' for x in r['steps_s'])} | "
+        f"{', '.join(f'{x:.2f}' for x in r['ratios_to_first'])} |"
+        for r in rows
+    ]
     Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -418,3 +418,25 @@ def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_p
     assert [(r["mode"], r["batch"], r["same_greedy_rows"]) for r in lora["rows"]] == [
         ("lora_mkl", 2, None), ("lora_packed_base", 2, 2)
     ]
+
+
+def test_decode_threads_study_runs_each_setting_in_its_own_process(tmp_path):
+    """benchmarks/decode_threads.py on a tiny saved model: one fresh process per setting and round (OpenMP reads its
+    environment at start-up), each compared with the first setting of its own round."""
+    import json
+
+    from benchmarks import decode_threads
+    from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_causal_lm(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "threads.json"
+    assert decode_threads.main(["--model", str(tmp_path / "tiny"), "--batch", "2", "--tokens", "2", "--repeats", "1",
+                                "--settings", "default", "OMP_WAIT_POLICY=ACTIVE", "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert [(r["setting"], r["env"]) for r in result["runs"]] == [
+        ("default", {}), ("OMP_WAIT_POLICY=ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE"})
+    ]
+    assert result["rows"][0]["ratios_to_first"] == [1.0]
+    assert "OMP_WAIT_POLICY=ACTIVE" in out.with_suffix(".md").read_text()
