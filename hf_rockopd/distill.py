@@ -43,6 +43,7 @@ from .models import (
 from .distill_arguments import DistillArguments
 from .distill_evaluation import distill_teacher_reference, evaluate_student, evaluation_teachers, outside_teacher
 from .distill_output import clean_saved_config, compact_progress, distill_report
+from .memory import release_free_memory
 from .publishing.run_report import write_run_report
 from .trainers.config import RockOPDConfig
 from .trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
@@ -270,6 +271,7 @@ def run_distillation(
             phases("evaluating before training", f"{len(problems)} held-out problems")
             with packed_for_inference(student) if packing else nullcontext():
                 before = evaluate_student(student, eval_teachers, tokenizer, problems, reference, script, args)
+            release_free_memory()  # the scoring's logits, before training comes on top of them
 
         trainer = build_trainer(
             script.trainer,
@@ -290,6 +292,7 @@ def run_distillation(
         with quiet_training():
             trainer.train()
         train_seconds = time.perf_counter() - train_started
+        release_free_memory()  # what the training steps freed, before the evaluation's logits come on top of it
         rock_ids = trainer.rock_policy.rock_ids() or []
 
         if problems:
