@@ -35,6 +35,7 @@ from .models import (
     pack_for_inference,
     pack_frozen_linears,
     packed_for_inference,
+    packing_applies,
     prune_decoder_layers,
     resolve_causal_lm,
     resolve_tokenizer,
@@ -241,9 +242,8 @@ def run_distillation(
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases, served)
         tokenizer = teacher.tokenizer
         # One CPU process: frozen weights go through oneDNN-packed linears, 1.3-2.6x faster decode steps than MKL's
-        # small-batch path (issue 29, benchmarks/decode.py). Not under DDP/FSDP/DeepSpeed, which move and shard
-        # plain tensors.
-        packing = args.device.type == "cpu" and not args.fsdp and not args.deepspeed and args.world_size == 1
+        # small-batch path (issue 29, benchmarks/decode.py).
+        packing = packing_applies(args)
         if served is None and packing:
             # The teacher only ever runs forward. RockDistillationTrainer reads its head's weight: that one stays.
             skip = ("lm_head",) if script.trainer == "distillation" else ()

@@ -17,7 +17,7 @@ from .checks import check_at_least
 from .data.arguments import DatasetArguments
 from .distill_trainer import TRAINER_CHOICES, VLLM_MODES
 from .evaluation.answers import VERIFIERS, check_verifier
-from .models import SMOLLM2_ID
+from .models.arguments import ModelPairArguments
 from .trainers.distillation import check_vllm_available
 
 
@@ -25,7 +25,7 @@ __all__ = ["DistillArguments"]
 
 
 @dataclass
-class DistillArguments(DatasetArguments):
+class DistillArguments(ModelPairArguments, DatasetArguments):
     r"""
     Arguments of `hf-rockopd distill` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s) and the student's
     LoRA and 4-bit ones ([`StudentModelConfig`], TRL's `ModelConfig`).
@@ -33,14 +33,8 @@ class DistillArguments(DatasetArguments):
     Parameters:
         > Models
 
-        teacher (`str`, *optional*, defaults to `"HuggingFaceTB/SmolLM2-135M-Instruct"`):
-            Hub id or local path of the teacher (see `hf_rockopd.models.resolve_causal_lm` for where it is looked up).
-        student (`str` or `None`, *optional*, defaults to `None`):
-            Hub id or local path of the student. `None`: a layer-pruned copy of the teacher.
-        student_num_layers (`int` or `None`, *optional*, defaults to `None`):
-            Keep this many decoder layers of the student's base model, dropping one contiguous block from the middle
-            (`hf_rockopd.models.middle_block_layers`). `None` keeps all layers of an explicit student and 24 layers of
-            a teacher copy.
+        teacher, student, student_num_layers:
+            The teacher and the student: see [`~hf_rockopd.models.arguments.ModelPairArguments`].
         student_layers (`list[int]` or `None`, *optional*, defaults to `None`):
             Exact decoder-layer indices to keep (overrides `student_num_layers`).
 
@@ -81,14 +75,6 @@ class DistillArguments(DatasetArguments):
             `"colocate"` (vLLM in the training process, one GPU) or `"server"` (a `trl vllm-serve` process).
     """
 
-    teacher: str = field(default=SMOLLM2_ID, metadata={"help": "Hub id or local path of the teacher."})
-    student: str | None = field(
-        default=None, metadata={"help": "Hub id or local path of the student; default: a pruned copy of the teacher."}
-    )
-    student_num_layers: int | None = field(
-        default=None,
-        metadata={"help": "Decoder layers kept, a middle block dropped (default: 24 for a teacher copy, all otherwise)."},
-    )
     student_layers: list[int] | None = field(
         default=None, metadata={"help": "Exact decoder-layer indices kept (overrides student_num_layers)."}
     )

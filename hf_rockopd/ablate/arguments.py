@@ -17,7 +17,7 @@ from ..distill import DEFAULT_TRAINING_ARGS as _DISTILL_TRAINING_ARGS
 # The rest of the package, gathered here (see also runner.py): the training config and the policy registry.
 from ..data.resolve import DEFAULT_CONFIGS
 from ..data.arguments import DatasetArguments
-from ..models import SMOLLM2_ID
+from ..models.arguments import ModelPairArguments
 from ..policies import available_policies, parse_policy_kwargs
 from ..trainers import RockOPDConfig
 
@@ -58,10 +58,11 @@ BUDGET_FIELDS = (
 
 
 @dataclass
-class AblateArguments(DatasetArguments):
+class AblateArguments(ModelPairArguments, DatasetArguments):
     r"""
     Arguments of `hf-rockopd ablate` besides the training ones ([`~hf_rockopd.RockOPDConfig`]'s: `--output_dir` is the
-    ablation's root directory and `--max_steps` the steps of every run); the data options are
+    ablation's root directory and `--max_steps` the steps of every run); the model options are
+    [`~hf_rockopd.models.arguments.ModelPairArguments`]'s, the data options
     [`~hf_rockopd.data.arguments.DatasetArguments`]'s.
 
     Example:
@@ -73,15 +74,6 @@ class AblateArguments(DatasetArguments):
     ```
     """
 
-    # > Models
-    teacher: str = field(default=SMOLLM2_ID, metadata={"help": "Hub id or local path of the teacher."})
-    student: str | None = field(
-        default=None, metadata={"help": "Hub id or local path of the student; default: a pruned copy of the teacher."}
-    )
-    student_num_layers: int | None = field(
-        default=None,
-        metadata={"help": "Decoder layers kept, a middle block dropped (default: 24 for a teacher copy, all otherwise)."},
-    )
     # > The design
     policies: list[str] = field(
         default_factory=lambda: list(ABLATION_POLICIES),

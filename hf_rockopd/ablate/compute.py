@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 # The trainer, from the rest of the package (a reorganization changes this line only).
-from ..models import pack_frozen_linears, unpack_linears
+from ..models import pack_frozen_linears, packing_applies, unpack_linears
 from ..trainers import RockOPDTrainer
 
 __all__ = ["ComputeMeter", "train_copy"]
@@ -116,7 +116,7 @@ def train_copy(
         peft_config=copy.deepcopy(peft_config),
     )
     trainer.meter = meter
-    if args.device.type == "cpu" and not args.fsdp and not args.deepspeed and args.world_size == 1:
+    if packing_applies(args):
         # The LoRA base layers' rollouts through oneDNN (issue 29); dense again before anyone merges or saves them.
         pack_frozen_linears(trainer.model)
     try:

@@ -54,7 +54,7 @@ from ..distill import StudentModelConfig, student_model_config
 from ..evaluation.evaluate import evaluate_gsm8k
 from ..lab import collect_token_table, load_token_table, score_token_table
 from ..modeling import eos_token_ids
-from ..models import middle_block_layers, pack_for_inference, prune_decoder_layers, resolve_causal_lm
+from ..models import middle_block_layers, pack_for_inference, packing_applies, prune_decoder_layers, resolve_causal_lm
 from ..evaluation.quality import numeric_token_ids
 from ..rock_set import load_rock_set
 from ..evaluation.teacher_reference import load_or_build_teacher_reference
@@ -446,7 +446,7 @@ def run_ablation(
     trained = []
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
-        if args.device.type == "cpu" and not args.fsdp and not args.deepspeed:
+        if packing_applies(args):
             pack_for_inference(teacher)  # forward only: oneDNN-packed linears on CPU (issue 29, benchmarks/decode.py)
         start = student
         if ablate.protocol == "warm_start":

@@ -25,6 +25,7 @@ from .packing import (
     pack_for_inference,
     pack_frozen_linears,
     packed_for_inference,
+    packing_applies,
     unpack_linears,
 )
 from .pruning import middle_block_layers, prune_decoder_layers
@@ -75,6 +76,7 @@ __all__ = [
     "pack_for_inference",
     "pack_frozen_linears",
     "packed_for_inference",
+    "packing_applies",
     "unpack_linears",
     "prune_decoder_layers",
     "read_gguf_metadata",

@@ -51,6 +51,7 @@ __all__ = [
     "pack_for_inference",
     "pack_frozen_linears",
     "packed_for_inference",
+    "packing_applies",
     "unpack_linears",
 ]
 
@@ -144,6 +145,21 @@ def can_pack(model: nn.Module) -> bool:
     except StopIteration:
         return False
     return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
+def packing_applies(args) -> bool:
+    """Whether a run with these `TrainingArguments` packs its frozen layers: one CPU process only, since DDP
+    broadcasts a model's buffers and FSDP/DeepSpeed shard plain tensors, neither of which a packed weight is.
+
+    Example:
+    ```python
+    >>> from transformers import TrainingArguments
+    >>> from hf_rockopd.models import packing_applies
+    >>> packing_applies(TrainingArguments(output_dir="out", use_cpu=True, report_to="none"))
+    True
+    ```
+    """
+    return args.device.type == "cpu" and not args.fsdp and not args.deepspeed and args.world_size == 1
 
 
 def _packable_base_layers(model: nn.Module) -> tuple[set[int], set[int]]:
@@ -308,6 +324,7 @@ class _FileMappedPages:
             self.ranges = []
         self.ranges.sort()
         self.page = os.sysconf("SC_PAGE_SIZE") if self.ranges else 4096
+        self.madvise = ctypes.CDLL(None, use_errno=True).madvise if self.ranges else None
 
     def mapped(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s bytes lie in a file mapping."""
@@ -325,8 +342,7 @@ class _FileMappedPages:
         high = end // self.page * self.page
         shared = any(a < high and low < b for a, b, other in self.tensors if other != id(tensor))
         if high > low and not shared:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), 4)  # 4: MADV_DONTNEED
+            self.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), 4)  # 4: MADV_DONTNEED
 
 
 def dense_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
