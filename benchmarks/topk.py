@@ -83,7 +83,7 @@ def _rollouts(out: Path, name: str, student, tokenizer, prompts, max_new_tokens:
 def _teacher_rows(teacher, ids, mask, prompt_len, rows_mask, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """The teacher's hidden states and full log-probabilities `(N, V)` at the positions predicting completion
     tokens."""
-    from hf_rockopd.modeling import backbone, logits_fn
+    from hf_rockopd.models.introspection import backbone, logits_fn
 
     hidden = backbone(teacher)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
     hidden = hidden[:, prompt_len - 1 : -1][rows_mask]
@@ -113,7 +113,7 @@ def _wire_bytes(log_probs: torch.Tensor, tokens: torch.Tensor, k: int, tokenizer
 def measure_batch(student, lora_params, teacher, tokenizer, prompt_ids, completion_ids, ks, betas, wire: bool):
     """Per-token divergences (full and per k), losses and LoRA-gradient cosines of one batch."""
     from hf_rockopd.losses import chunked_weighted_loss
-    from hf_rockopd.modeling import backbone, logits_fn
+    from hf_rockopd.models.introspection import backbone, logits_fn
     from hf_rockopd.evaluation.rollout import pack_completions, pad_token_id
     from hf_rockopd.teachers.sources import topk_with_own_token
 

@@ -235,7 +235,7 @@ def train_steps(
         from trl import DistillationConfig, DistillationTrainer
 
         from hf_rockopd import RockDistillationConfig, RockDistillationTrainer
-        from hf_rockopd.distill_trainer import prompts_only
+        from hf_rockopd.distill.trainer_choice import prompts_only
 
         settings = {k: v for k, v in common.items() if k not in ("lmbda", "max_new_tokens")}
         settings["max_completion_length"] = max_new_tokens

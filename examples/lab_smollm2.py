@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.data.gsm8k import load_gsm8k_problems
 from hf_rockopd.lab import (
     build_report,
     collect_token_table,

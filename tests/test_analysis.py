@@ -23,7 +23,7 @@ from hf_rockopd.lab import (
     stability_sweep,
 )
 from hf_rockopd.policies import get_policy
-from hf_rockopd.rock_set import load_rock_set
+from hf_rockopd.policies.rock_set import load_rock_set
 
 
 def crafted_frame(spec, vocab_decode=None):

@@ -242,7 +242,7 @@ def test_4bit_quantization_config_is_the_old_one():
     pytest.importorskip("bitsandbytes")
     from transformers import BitsAndBytesConfig
 
-    from hf_rockopd.student_config import quantization_config as _quantization_config
+    from hf_rockopd.models.student_config import quantization_config as _quantization_config
 
     _, _, model_args = parse_arguments(["--load_in_4bit"])
     old = BitsAndBytesConfig(

@@ -12,10 +12,11 @@ import yaml
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 
-from hf_rockopd import RockOPDConfig, distill
+from hf_rockopd import RockOPDConfig
 from hf_rockopd.cli import main as cli_main
 from hf_rockopd.commands.distill import parse_arguments
 from hf_rockopd.distill import DistillArguments, StudentModelConfig, load_distill_data, run_distillation
+from hf_rockopd.distill import run as distill_run
 from hf_rockopd.models import ModelNotFoundError, build_tiny_causal_lm, build_tiny_tokenizer
 from hf_rockopd.trainers.data import PromptTooLongError
 
@@ -241,7 +242,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(distill, "resolve_causal_lm", refuse)
+    monkeypatch.setattr(distill_run, "resolve_causal_lm", refuse)
 
 
 def test_dataset_without_fields_fails_before_loading_models(tmp_path, tiny_run, no_model_loading):
@@ -268,7 +269,7 @@ def test_missing_dataset_file_and_too_few_rows(tmp_path, tiny_run, no_model_load
 def test_prompt_longer_than_the_limit_fails_before_evaluation(tmp_path, tiny_run, monkeypatch):
     _, script, args = tiny_run
     data = write_problems(tmp_path / "long.jsonl", long_question=True)
-    monkeypatch.setattr(distill, "evaluate_student", lambda *a, **k: pytest.fail("evaluated before checking prompts"))
+    monkeypatch.setattr(distill_run, "evaluate_student", lambda *a, **k: pytest.fail("evaluated before checking prompts"))
     with pytest.raises(PromptTooLongError, match="longer than max_length=128"):
         run_distillation(script(dataset=data), args(max_length=128))
 

@@ -11,9 +11,9 @@ import yaml
 from served_teacher import server, teacher_dir  # noqa: F401 (fixtures)
 from test_distill import write_problems
 
-from hf_rockopd import distill
 from hf_rockopd.commands.teacher_cache import TEACHER_CACHE_NAME, TeacherCacheArguments, teacher_cache
 from hf_rockopd.commands.distill import parse_arguments
+from hf_rockopd.distill import run as distill_run
 from hf_rockopd.distill import run_distillation
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 from hf_rockopd.teachers import TeacherCache
@@ -56,8 +56,8 @@ def test_served_job_evaluates_through_the_cache_without_a_teacher_in_memory(job,
                                                 "--teacher_top_k", "16", "--teacher_cache", served_cache])  # fmt: skip
 
     loaded = []
-    real_resolve = distill.resolve_causal_lm
-    monkeypatch.setattr(distill, "resolve_causal_lm", lambda name, **kw: loaded.append(name) or real_resolve(name, **kw))
+    real_resolve = distill_run.resolve_causal_lm
+    monkeypatch.setattr(distill_run, "resolve_causal_lm", lambda name, **kw: loaded.append(name) or real_resolve(name, **kw))
     result = run_distillation(script, args, model_args)
     assert loaded == [script.student]  # the teacher never loaded here
     report = result.report
@@ -76,7 +76,7 @@ def test_served_job_evaluates_through_the_cache_without_a_teacher_in_memory(job,
     from hf_rockopd.teachers import ServedTeacher, TeacherClient
     from transformers import AutoModelForCausalLM
 
-    problems = distill.load_distill_data(script, seed=args.seed).problems
+    problems = distill_run.load_distill_data(script, seed=args.seed).problems
     again = evaluate_gsm8k(
         AutoModelForCausalLM.from_pretrained(script.student), build_tiny_tokenizer(), problems,
         teacher=ServedTeacher(TeacherClient(server.url), top_k=16),
@@ -93,7 +93,7 @@ def test_outside_teacher_refusals_come_before_any_model_loads(job, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(distill, "resolve_causal_lm", refuse)
+    monkeypatch.setattr(distill_run, "resolve_causal_lm", refuse)
     script, args, model_args = parse_arguments(["--config", config, "--teacher_server_url", "http://127.0.0.1:1",
                                                 "--teacher_top_k", "4"])  # fmt: skip
     with pytest.raises(ValueError, match=r"teacher_reference.json' is missing.*hf-rockopd teacher-cache"):

@@ -10,8 +10,8 @@ from test_distill import tiny_run  # noqa: F401 - the tiny offline teacher and d
 from hf_rockopd import RockDistillationConfig, RockOPDConfig
 from hf_rockopd.commands.distill import parse_arguments
 from hf_rockopd.distill import DistillArguments, run_distillation
-from hf_rockopd.distill_trainer import distillation_config
-from hf_rockopd.rock_set import ROCK_TOKENS_NAME
+from hf_rockopd.distill.trainer_choice import distillation_config
+from hf_rockopd.policies.rock_set import ROCK_TOKENS_NAME
 from hf_rockopd.trainers.distillation import VLLM_INSTALL
 
 

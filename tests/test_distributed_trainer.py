@@ -120,6 +120,6 @@ def test_only_the_main_process_writes_rock_tokens(ranks):
     out, (r0, r1) = ranks
     assert r0["rock_token_writes"] == [str(out)] and r1["rock_token_writes"] == []
     assert sorted(p for p in os.listdir(out) if p.endswith(".json")) == ["rock_tokens.json"]
-    from hf_rockopd.rock_set import load_rock_set
+    from hf_rockopd.policies.rock_set import load_rock_set
 
     assert load_rock_set(out / "rock_tokens.json")["token_ids"] == r0["rock_ids"]

@@ -14,7 +14,7 @@ from trainer_kinds import KINDS
 
 from hf_rockopd import RockDistillationConfig, RockDistillationTrainer, RockOPDTrainer
 from hf_rockopd.engine import POLICY_STATE_NAME
-from hf_rockopd.rock_set import ROCK_TOKENS_NAME
+from hf_rockopd.policies.rock_set import ROCK_TOKENS_NAME
 from hf_rockopd.trainers import RockLossOutput
 
 

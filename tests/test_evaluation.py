@@ -12,7 +12,7 @@ from hf_rockopd import lab as analysis
 from hf_rockopd.cli import main
 from hf_rockopd.evaluation import EvalResult, evaluate_completions, evaluate_gsm8k, format_results_table
 from hf_rockopd.evaluation.answers import reference_answer
-from hf_rockopd.gsm8k import load_gsm8k_problems
+from hf_rockopd.data.gsm8k import load_gsm8k_problems
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.evaluation.rollout import encode_prompts, score_completions

@@ -15,7 +15,7 @@ from trainer_kinds import KINDS
 from trl.experimental.utils import DataCollatorForChatML
 
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.rock_set import save_rock_set
+from hf_rockopd.policies.rock_set import save_rock_set
 from hf_rockopd.trainers.data import OnPolicyChatMLCollator, PromptTooLongError
 
 

@@ -21,7 +21,7 @@ from hf_rockopd.publishing import (
     render_model_card,
     write_model_card,
 )
-from hf_rockopd.rock_set import save_rock_set
+from hf_rockopd.policies.rock_set import save_rock_set
 
 
 BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

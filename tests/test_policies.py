@@ -30,7 +30,7 @@ from hf_rockopd.policies import (
     parse_policy_kwargs,
     register_policy,
 )
-from hf_rockopd.rock_set import save_rock_set
+from hf_rockopd.policies.rock_set import save_rock_set
 
 
 BUILTINS = ["entropy", "loss_quantile", "random_matched", "rock_freeze", "rock_online", "uniform"]

@@ -1,4 +1,4 @@
-"""Tests of `hf_rockopd.rock_set`: Rock Scores, the selection rule, frequency-matched controls and the file format."""
+"""Tests of `hf_rockopd.policies.rock_set`: Rock Scores, the selection rule, frequency-matched controls and the file format."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_rockopd.rock_set import (
+from hf_rockopd.policies.rock_set import (
     ROCK_SET_FORMAT,
     frequency_matched_ids,
     load_rock_set,

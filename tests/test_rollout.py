@@ -7,7 +7,7 @@ import pytest
 from hf_rockopd.evaluation import evaluate_gsm8k
 from hf_rockopd.evaluation.answers import verify_answer
 from hf_rockopd.lab import collect_token_table, load_token_table, token_knockout
-from hf_rockopd.modeling import cut_at_eos, eos_token_ids
+from hf_rockopd.models.introspection import cut_at_eos, eos_token_ids
 from hf_rockopd.evaluation.rollout import generate_completions
 
 

@@ -12,7 +12,7 @@ from conftest import make_args
 from served_teacher import VOCAB, TeacherServer, free_port, save_tiny_teacher, server, teacher_dir  # noqa: F401 (fixtures)
 
 from hf_rockopd.models import build_tiny_causal_lm
-from hf_rockopd.rock_set import load_rock_tokens
+from hf_rockopd.policies.rock_set import load_rock_tokens
 from hf_rockopd.teachers import TeacherServerError
 
 

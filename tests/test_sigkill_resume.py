@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_rockopd.engine import POLICY_STATE_NAME
-from hf_rockopd.rock_set import ROCK_TOKENS_NAME
+from hf_rockopd.policies.rock_set import ROCK_TOKENS_NAME
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

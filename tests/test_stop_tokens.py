@@ -12,9 +12,9 @@ from conftest import make_args, make_dataset
 from tokenizers import AddedToken
 
 from hf_rockopd import RockOPDTrainer
-from hf_rockopd.modeling import special_token_ids
+from hf_rockopd.models.introspection import special_token_ids
 from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
-from hf_rockopd.rock_set import select_rock_tokens
+from hf_rockopd.policies.rock_set import select_rock_tokens
 
 EOS, PAD, IM_START = 256, 257, 258  # the tiny ChatML tokenizer's <|im_end|>, <pad>, <|im_start|>
 

@@ -9,7 +9,7 @@ from hf_rockopd.ablate.arguments import AblateArguments
 from hf_rockopd.commands.evaluate import EvalArguments
 from hf_rockopd.data import split_dataset
 from hf_rockopd.distill import DistillArguments
-from hf_rockopd.gsm8k import load_gsm8k_problems, question_messages
+from hf_rockopd.data.gsm8k import load_gsm8k_problems, question_messages
 from hf_rockopd.lab import load_prompts
 
 

@@ -18,7 +18,7 @@ from hf_rockopd.engine import POLICY_STATE_NAME
 from hf_rockopd.losses import per_token_divergence
 from hf_rockopd.models import build_tiny_causal_lm
 from hf_rockopd.policies import TokenPolicy
-from hf_rockopd.rock_set import ROCK_TOKENS_NAME
+from hf_rockopd.policies.rock_set import ROCK_TOKENS_NAME
 
 
 make_trainer = KINDS["gkd"].make  # RockOPDTrainer on the tests' messages dataset

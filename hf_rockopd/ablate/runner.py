@@ -50,13 +50,13 @@ from trl import get_peft_config
 # The rest of the package, gathered here so that a reorganization changes these lines only.
 from ..evaluation.answers import reference_answer
 from ..data import split_dataset
-from ..distill import StudentModelConfig, student_model_config
+from ..models.student_config import StudentModelConfig, student_model_config
 from ..evaluation.evaluate import evaluate_gsm8k
 from ..lab import collect_token_table, load_token_table, score_token_table
-from ..modeling import eos_token_ids
+from ..models.introspection import eos_token_ids
 from ..models import middle_block_layers, pack_for_inference, packing_applies, prune_decoder_layers, resolve_causal_lm
 from ..evaluation.quality import numeric_token_ids
-from ..rock_set import load_rock_set
+from ..policies.rock_set import load_rock_set
 from ..evaluation.teacher_reference import load_or_build_teacher_reference
 from ..trainers import RockOPDConfig
 from .arguments import (

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..ablate.arguments import DEFAULT_TRAINING_ARGS, AblateArguments, check_training_budget
 from ..ablate.runner import run_ablation
-from ..student_config import StudentModelConfig
+from ..models.student_config import StudentModelConfig
 from ..trainers import RockOPDConfig
 from .parsing import Command
 

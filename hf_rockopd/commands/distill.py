@@ -32,7 +32,7 @@ from ..distill import (  # the defaults live with the job, so ablate reads them 
 )
 from ..policies import parse_policy_kwargs
 from ..publishing.run_report import RUN_REPORT_NAME
-from ..rock_set import ROCK_TOKENS_NAME
+from ..policies.rock_set import ROCK_TOKENS_NAME
 from ..trainers.config import RockOPDConfig
 from .parsing import Command, CommandParser
 from .policy_flags import add_policy_options, policy_options, pop_policy_options

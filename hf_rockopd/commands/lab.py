@@ -40,7 +40,7 @@ def _print_frame(frame, out: str | None) -> None:
 
 
 def _rock_ids(path: str, table) -> list[int]:
-    from ..rock_set import load_rock_set
+    from ..policies.rock_set import load_rock_set
 
     return load_rock_set(path, vocab_size=table.vocab_size)["token_ids"]
 
@@ -289,7 +289,7 @@ def stability(args: StabilityArguments, selection: SelectionArguments) -> int:
 
 def controls(args: ControlsArguments) -> int:
     """Run `analyze controls`."""
-    from ..rock_set import save_rock_set
+    from ..policies.rock_set import save_rock_set
 
     lab = _lab()
     table = lab.load_token_table(args.table)
@@ -322,8 +322,8 @@ def gradients(args: GradientsArguments) -> int:
 
 def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
     """Run `analyze knockout`."""
-    from ..modeling import vocab_size
-    from ..rock_set import load_rock_set
+    from ..models.introspection import vocab_size
+    from ..policies.rock_set import load_rock_set
 
     problems = load_problems(args.problems, limit=args.limit, system_prompt=args.system_prompt)
     check_references(problems, args.verifier, args.problems)
@@ -346,7 +346,7 @@ def knockout(args: KnockoutArguments, loading: LoadingArguments) -> int:
 def report(args: ReportArguments, selection: SelectionArguments) -> int:
     """Run `analyze report`."""
     from ..lab import build_report
-    from ..rock_set import load_rock_set
+    from ..policies.rock_set import load_rock_set
 
     lab = _lab()
     table = lab.load_token_table(args.table)

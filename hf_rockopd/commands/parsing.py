@@ -18,7 +18,7 @@ from typing import Any
 
 from trl import TrlParser
 
-from ..checks import check_at_least, check_range  # re-exported: the options dataclasses' checks
+from ..utils.checks import check_at_least, check_range  # re-exported: the options dataclasses' checks
 
 __all__ = ["Command", "CommandParser", "check_at_least", "check_range"]
 

@@ -100,7 +100,7 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
     script = train_args = reference = None
     if args.distill_config is not None:
         from ..distill import load_distill_data
-        from ..distill_evaluation import distill_teacher_reference
+        from ..distill.evaluation import distill_teacher_reference
         from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME
 
         script, train_args = _distill_settings(args.distill_config)

@@ -1,5 +1,6 @@
 """Any dataset in TRL's formats, found the way models are found: `resolve` (a local copy first, the Hub last),
-`formats` (which columns hold the prompt and the reference), `problems` (held-out problems and training prompts).
+`formats` (which columns hold the prompt and the reference), `problems` (held-out problems and training prompts);
+`chat` (chat messages and JSON lines) and `gsm8k` (GSM8K's held-out problems) are imported by their own path.
 
 Example:
 ```python

@@ -29,9 +29,9 @@ from transformers.utils import logging
 from trl.models.utils import _ForwardRedirection
 
 from ..losses import weighted_loss
-from ..modeling import backbone, check_same_vocabulary, special_token_ids, vocab_size
+from ..models.introspection import backbone, check_same_vocabulary, special_token_ids, vocab_size
 from ..policies import TokenBatch, TokenPolicy, get_policy
-from ..rock_set import check_rock_set_tokenizer, write_rock_tokens
+from ..policies.rock_set import check_rock_set_tokenizer, write_rock_tokens
 from .per_teacher import PerTeacherStatistics
 from ..teachers import TopKTeacher
 from .metrics import completion_sums, gather_sum, log_completion_metrics, log_rock_metrics, rock_metric_sums

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..policies import TokenBatch
-from ..rock_set import select_rock_tokens
+from ..policies.rock_set import select_rock_tokens
 
 
 __all__ = ["PerTeacherStatistics"]

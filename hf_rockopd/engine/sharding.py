@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modeling import backbone, logits_fn
+from ..models.introspection import backbone, logits_fn
 
 __all__ = [
     "check_fsdp_accelerator",
@@ -285,7 +285,7 @@ def gathered_heads(
     student_dtype: torch.dtype | None = None,
     teacher_dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]:
-    """The two models' logits functions (`hf_rockopd.modeling.logits_fn`, logit scale and soft-cap included), with
+    """The two models' logits functions (`hf_rockopd.models.introspection.logits_fn`, logit scale and soft-cap included), with
     full, hook-free heads for a model sharded with FSDP2 and the models' own heads otherwise.
 
     `student_dtype`/`teacher_dtype` are the hidden states' dtypes: a gathered head is cast to them (FSDP2 mixed

@@ -31,7 +31,7 @@ import torch.nn as nn
 from transformers.utils import logging
 
 from ..losses import ChunkedDivergence, chunked_divergence, chunked_weighted_loss
-from ..modeling import logits_fn
+from ..models.introspection import logits_fn
 from ..policies import TokenBatch, TokenPolicy
 
 

@@ -52,10 +52,10 @@ from transformers.utils import logging
 
 from .answers import check_verifier, grade_completion, reference_answer, verify_answer
 from ..data.chat import Problem
-from ..modeling import check_same_vocabulary, eos_token_ids, vocab_size
+from ..models.introspection import check_same_vocabulary, eos_token_ids, vocab_size
 from .quality import completion_quality, numeric_token_ids, text_quality
 from .table import format_results_table
-from ..rock_set import load_rock_set, validate_token_ids
+from ..policies.rock_set import load_rock_set, validate_token_ids
 from ..teachers import TopKTeacher
 from .rollout import generate_completions, pad_token_id, score_completions
 from .teacher_reference import TeacherReference, build_teacher_reference

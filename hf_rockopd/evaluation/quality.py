@@ -349,7 +349,7 @@ def text_quality(
 
     Args:
         completions: the generated ids of each completion, without the prompt.
-        stop_ids: the ids that end a completion (`hf_rockopd.modeling.eos_token_ids`).
+        stop_ids: the ids that end a completion (`hf_rockopd.models.introspection.eos_token_ids`).
         max_new_tokens: the generation limit the completions were produced with.
         correct: per-completion correctness, for the accuracy and its interval (optional).
         numeric: the ids that only write numbers (`numeric_token_ids(tokenizer)`): a repeating decimal is no loop.

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..losses import per_token_divergence, sparse_divergence, unpack_topk
-from ..modeling import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
+from ..models.introspection import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 from ..teachers import TopKTeacher
 
 

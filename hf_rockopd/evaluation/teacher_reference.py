@@ -36,7 +36,7 @@ from transformers.utils import logging
 
 from .answers import grade_completion
 from ..data.chat import Problem
-from ..modeling import eos_token_ids
+from ..models.introspection import eos_token_ids
 from .quality import Proportion, accuracy_interval
 from .rollout import as_chat, generate_completions
 

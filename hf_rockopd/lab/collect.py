@@ -20,7 +20,7 @@ import pyarrow as pa
 import torch
 
 from ..losses import logit_grad_norm, per_token_divergence, per_token_entropy
-from ..modeling import check_same_vocabulary, special_token_ids
+from ..models.introspection import check_same_vocabulary, special_token_ids
 from ..evaluation.rollout import eval_mode, generate_completions, pad_token_id, scored_chunks
 from .gradients import gradient_cosines
 from .table import GRAD_COSINE_FILE, part_name, prepare_table_dir, write_part

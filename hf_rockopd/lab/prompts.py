@@ -1,6 +1,6 @@
 """Prompt loading for the lab: chat prompts for `collect_token_table`, problems for `knockout` (`hf_rockopd.data`).
 
-Both read JSON lines with `hf_rockopd.gsm8k.read_jsonl`, the package's one reader.
+Both read JSON lines with `hf_rockopd.data.gsm8k.read_jsonl`, the package's one reader.
 
 Example:
 ```python
@@ -33,7 +33,7 @@ def load_prompts(
     other dataset (a Parquet, CSV or JSON file, a folder, a Hub id) is read by `hf_rockopd.data.load_problems`.
 
     Returns chat message lists (`[{"role": "user", "content": ...}]`), the form `collect_token_table` takes.
-    `system_prompt` opens each chat that has no system turn of its own (`hf_rockopd.gsm8k.question_messages`), as
+    `system_prompt` opens each chat that has no system turn of its own (`hf_rockopd.data.gsm8k.question_messages`), as
     the distill and ablate jobs' prompts did when they were given one.
 
     Example:

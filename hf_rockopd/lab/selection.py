@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from ..rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
+from ..policies.rock_set import frequency_matched_ids, save_rock_set, select_rock_tokens
 from .table import TokenTable, check_same_tokenizer
 
 
@@ -305,7 +305,7 @@ def matched_controls(table: TokenTable, rock_ids: Sequence[int], num_bins: int =
     """Random non-rock ids matched bin by bin to the rock set's log-frequency distribution in `table`.
 
     Unlike the paper's control (uniform over the vocabulary), every control id comes from the same frequency bin as
-    the rock it replaces; see `hf_rockopd.rock_set.frequency_matched_ids`.
+    the rock it replaces; see `hf_rockopd.policies.rock_set.frequency_matched_ids`.
 
     Example:
     ```python

@@ -22,7 +22,7 @@ import torch
 
 from ..evaluation.answers import check_verifier, grade_completion
 from ..data.chat import Problem
-from ..modeling import vocab_size
+from ..models.introspection import vocab_size
 from ..evaluation.rollout import generate_completions
 from .stats import benjamini_hochberg, paired_bootstrap
 

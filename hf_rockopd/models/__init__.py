@@ -5,7 +5,8 @@ Every name is importable from `hf_rockopd.models`; the submodules each do one jo
 (pruned students), `quantization` (4-bit CPU layout), `packing` (oneDNN-packed
 linears for inference-only models on CPU), `sources` (the table of offline GGUF sources), `wheels` (GGUF
 files inside installed packages: find, join, check), `gguf` (GGUF header check and loading), `errors` and `resolve`
-(the resolver).
+(the resolver). Two more are imported by their own path: `introspection` (a loaded model's backbone, head, vocabulary
+size and stop ids) and `student_config` (the student's TRL options: LoRA and 4-bit).
 
 Example:
 ```python

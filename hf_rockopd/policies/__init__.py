@@ -16,8 +16,9 @@ Built-in policies (see `available_policies()`), each with a typed options datacl
 | `entropy`        | `EntropyPolicy`       | `EntropyConfig`        | `per_batch.py`  |
 
 `base.py` holds the batch, the interface and the registry; `configs.py` the options; `statistics.py` the per-id
-counts the rock policies share. Register your own policy with [`register_policy`] (an options dataclass is optional:
-set the class's `config_class`).
+counts the rock policies share; `rock_set.py` the rock set itself (Rock Scores, the selection rule,
+frequency-matched controls, the file format). Register your own policy with [`register_policy`] (an options
+dataclass is optional: set the class's `config_class`).
 
 Example:
 ```python

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from ..rock_set import validate_token_ids
+from .rock_set import validate_token_ids
 
 
 __all__ = [

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..rock_set import load_rock_set, validate_token_ids
+from .rock_set import load_rock_set, validate_token_ids
 from .base import TokenBatch, TokenPolicy, _expand_ids_mask, _set_weights, register_policy
 from .configs import RockFreezeConfig, UniformConfig, resolve_config
 from .statistics import TokenStatistics

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from ..rock_set import NotEnoughControlIdsError, frequency_matched_ids, load_rock_set, validate_token_ids
+from .rock_set import NotEnoughControlIdsError, frequency_matched_ids, load_rock_set, validate_token_ids
 from .base import TokenBatch, TokenPolicy, _expand_ids_mask, _set_weights, register_policy
 from .configs import RandomMatchedConfig, resolve_config
 from .statistics import TokenStatistics

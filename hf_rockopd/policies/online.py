@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..rock_set import select_rock_tokens
+from .rock_set import select_rock_tokens
 from .base import TokenBatch, TokenPolicy, _expand_ids_mask, _set_weights, register_policy
 from .configs import RockOnlineConfig, resolve_config
 from .statistics import TokenStatistics

@@ -3,7 +3,7 @@
 `run_report` owns the report file (names, reader, writer, the training settings it records); `card_sections` says what
 each section of the card holds, with `card_setup` (the grouped settings table, the data line, the config to rerun the
 run) and `limitations` (what the evaluation showed, bad news included); `model_card` renders and writes the card (from
-a run directory or a live trainer); `plots` draws the training curves. `rock_tokens.json` belongs to `hf_rockopd.rock_set`.
+a run directory or a live trainer); `plots` draws the training curves. `rock_tokens.json` belongs to `hf_rockopd.policies.rock_set`.
 
 Example:
 ```python

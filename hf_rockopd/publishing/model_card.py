@@ -2,7 +2,7 @@
 
 A run directory written by `hf-rockopd distill` holds `run_report.json` (models, data, policy, training settings,
 evaluation before and after, `log_history`; see `hf_rockopd.publishing.run_report`) and `rock_tokens.json` (the
-trainer's final rock set; see `hf_rockopd.rock_set`). The card is the Jinja template
+trainer's final rock set; see `hf_rockopd.policies.rock_set`). The card is the Jinja template
 `hf_rockopd/publishing/model_card.md.j2` (package data) filled from them: front matter from `ModelCardData` (never
 hand-written YAML), a body with the limitations the evaluation showed, the grouped training settings (models, data,
 policy, optimization, generation), the training curves (a PNG written next to the card), the rock tokens ranked by
@@ -27,7 +27,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from transformers.utils import logging
 
-from ..rock_set import decode_rock_rows, load_rock_tokens
+from ..policies.rock_set import decode_rock_rows, load_rock_tokens
 from .card_sections import DEFAULT_TRAINER, EVAL_FIELDS, card_sections, default_license
 from .card_setup import hub_dataset_id, is_hub_id
 from .plots import first_freeze_step, plot_training_curves
@@ -97,7 +97,7 @@ def build_model_card(
     ```python
     from hf_rockopd.publishing.model_card import build_model_card
     from hf_rockopd.publishing.run_report import load_run_report
-    from hf_rockopd.rock_set import load_rock_tokens
+    from hf_rockopd.policies.rock_set import load_rock_tokens
     card = build_model_card(load_run_report("run"), load_rock_tokens("run"), curves_path="run/training_curves.png")
     card.save("run/README.md")
     ```

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..modeling import backbone, logits_fn, vocab_size
+from ..models.introspection import backbone, logits_fn, vocab_size
 from .protocol import prompt_logprobs_entry
 
 

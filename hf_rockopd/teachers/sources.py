@@ -30,7 +30,7 @@ import torch.nn as nn
 from transformers.utils import logging
 
 from ..losses import pack_topk
-from ..modeling import backbone, logits_fn, vocab_size
+from ..models.introspection import backbone, logits_fn, vocab_size
 from .client import TeacherClient, TeacherServerError
 
 

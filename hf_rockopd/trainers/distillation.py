@@ -119,7 +119,7 @@ def check_prompt_columns(train_dataset: Any, eval_dataset: Any = None) -> None:
             continue
         hint = (
             " 'messages' is RockOPDTrainer's format: use RockOPDTrainer, or make prompts of the turns before the "
-            "first assistant turn with hf_rockopd.distill_trainer.prompts_only(dataset)."
+            "first assistant turn with hf_rockopd.distill.trainer_choice.prompts_only(dataset)."
             if "messages" in columns
             else " Add one: the chat messages up to the assistant's turn, or the prompt text."
         )

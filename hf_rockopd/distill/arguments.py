@@ -3,7 +3,7 @@ of [`~hf_rockopd.RockOPDConfig`], LoRA and 4-bit those of [`~hf_rockopd.distill.
 
 Example:
 ```python
->>> from hf_rockopd.distill_arguments import DistillArguments
+>>> from hf_rockopd.distill.arguments import DistillArguments
 >>> DistillArguments(dataset="openai/gsm8k", num_train_prompts=64).verifier
 'math'
 ```
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .checks import check_at_least
-from .data.arguments import DatasetArguments
-from .distill_trainer import TRAINER_CHOICES, VLLM_MODES
-from .evaluation.answers import VERIFIERS, check_verifier
-from .models.arguments import ModelPairArguments
-from .trainers.distillation import check_vllm_available
+from ..utils.checks import check_at_least
+from ..data.arguments import DatasetArguments
+from .trainer_choice import TRAINER_CHOICES, VLLM_MODES
+from ..evaluation.answers import VERIFIERS, check_verifier
+from ..models.arguments import ModelPairArguments
+from ..trainers.distillation import check_vllm_available
 
 
 __all__ = ["DistillArguments"]

@@ -4,7 +4,7 @@ library (`distill`, `ablate`) and command line alike, so they live below both.
 Example:
 ```python
 >>> from types import SimpleNamespace
->>> from hf_rockopd.checks import check_at_least
+>>> from hf_rockopd.utils.checks import check_at_least
 >>> check_at_least(SimpleNamespace(top_k=3), "top_k")
 ```
 """
@@ -23,7 +23,7 @@ def check_at_least(obj: Any, *names: str, minimum: int = 1) -> None:
     Example:
     ```python
     >>> from types import SimpleNamespace
-    >>> from hf_rockopd.checks import check_at_least
+    >>> from hf_rockopd.utils.checks import check_at_least
     >>> check_at_least(SimpleNamespace(top_k=0), "top_k")
     Traceback (most recent call last):
     ...
@@ -46,7 +46,7 @@ def check_range(
     Example:
     ```python
     >>> from types import SimpleNamespace
-    >>> from hf_rockopd.checks import check_range
+    >>> from hf_rockopd.utils.checks import check_range
     >>> check_range(SimpleNamespace(alpha=1.5), "alpha", 0, 1, low_open=True, high_open=True)
     Traceback (most recent call last):
     ...

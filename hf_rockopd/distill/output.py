@@ -6,7 +6,7 @@ compact training progress it prints.
 
 Example:
 ```python
-from hf_rockopd.distill_output import clean_saved_config, compact_progress
+from hf_rockopd.distill.output import clean_saved_config, compact_progress
 compact_progress(trainer)          # one short line per logged step
 trainer.train()
 clean_saved_config(trainer.model)  # use_cache on, no GGUF display name
@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._version import __version__
-from .models import describe_model_source
-from .publishing.card_setup import hub_dataset_id
-from .publishing.run_report import TRAINING_FIELDS, trainer_description
+from .._version import __version__
+from ..models import describe_model_source
+from ..publishing.card_setup import hub_dataset_id
+from ..publishing.run_report import TRAINING_FIELDS, trainer_description
 
 
 __all__ = ["clean_saved_config", "compact_progress", "distill_report", "lora_settings"]
@@ -34,13 +34,13 @@ def compact_progress(trainer: Any) -> None:
 
     Example:
     ```python
-    from hf_rockopd.distill_output import compact_progress
+    from hf_rockopd.distill.output import compact_progress
     compact_progress(trainer)
     ```
     """
     from transformers.trainer_callback import ProgressCallback
 
-    from .trainers.progress import CompactProgressCallback
+    from ..trainers.progress import CompactProgressCallback
 
     if any(isinstance(callback, ProgressCallback) for callback in trainer.callback_handler.callbacks):
         trainer.remove_callback(ProgressCallback)
@@ -55,7 +55,7 @@ def clean_saved_config(model: Any) -> None:
 
     Example:
     ```python
-    >>> from hf_rockopd.distill_output import clean_saved_config
+    >>> from hf_rockopd.distill.output import clean_saved_config
     >>> from hf_rockopd.models import build_tiny_causal_lm
     >>> model = build_tiny_causal_lm()
     >>> model.config.use_cache, model.config._model_name_or_path = False, "Tiny GGUF"
@@ -77,7 +77,7 @@ def lora_settings(model_args: Any) -> dict[str, Any] | None:
     Example:
     ```python
     >>> from hf_rockopd.distill import StudentModelConfig
-    >>> from hf_rockopd.distill_output import lora_settings
+    >>> from hf_rockopd.distill.output import lora_settings
     >>> lora_settings(StudentModelConfig(use_peft=True, lora_r=8))["r"]
     8
     ```

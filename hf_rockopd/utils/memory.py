@@ -7,7 +7,7 @@ after training, fell from 15.4 to 13.6 GB (`examples/reports/qwen_distill/after_
 
 Example:
 ```python
->>> from hf_rockopd.memory import release_free_memory
+>>> from hf_rockopd.utils.memory import release_free_memory
 >>> release_free_memory() in (True, False)
 True
 ```

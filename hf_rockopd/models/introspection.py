@@ -5,7 +5,7 @@ head, a PEFT wrapper or a soft-capped head is handled the same way everywhere.
 
 Example:
     >>> from hf_rockopd.models import build_tiny_causal_lm
-    >>> from hf_rockopd.modeling import vocab_size
+    >>> from hf_rockopd.models.introspection import vocab_size
     >>> vocab_size(build_tiny_causal_lm(vocab_size=259))
     259
 """

@@ -7,7 +7,7 @@ a [`~hf_rockopd.RockDistillationConfig`], and refuses the GKD-only settings that
 Example:
 ```python
 >>> from hf_rockopd import RockOPDConfig
->>> from hf_rockopd.distill_trainer import distillation_config
+>>> from hf_rockopd.distill.trainer_choice import distillation_config
 >>> config = distillation_config(RockOPDConfig(output_dir="out", max_new_tokens=32, beta=0.5, report_to="none"))
 >>> type(config).__name__, config.max_completion_length, config.beta, config.use_vllm
 ('RockDistillationConfig', 32, 0.5, False)
@@ -21,8 +21,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from .trainers.config import RockOPDConfig
-from .trainers.distillation_config import RockDistillationConfig
+from ..trainers.config import RockOPDConfig
+from ..trainers.distillation_config import RockDistillationConfig
 
 
 __all__ = ["TRAINER_CHOICES", "VLLM_MODES", "build_trainer", "distillation_config", "prompts_only"]
@@ -64,7 +64,7 @@ def prompts_only(dataset: Dataset) -> Dataset:
     Example:
     ```python
     >>> from datasets import Dataset
-    >>> from hf_rockopd.distill_trainer import prompts_only
+    >>> from hf_rockopd.distill.trainer_choice import prompts_only
     >>> rows = Dataset.from_list([{"messages": [{"role": "user", "content": "2+3?"},
     ...                                         {"role": "assistant", "content": "5"}]}])
     >>> prompts_only(rows)[0]["prompt"]
@@ -99,7 +99,7 @@ def build_trainer(
     Example: `hf_rockopd.distill.run_distillation` calls it with the parsed `--trainer`.
     """
     if trainer == "gkd":
-        from .trainers.gkd import RockOPDTrainer
+        from ..trainers.gkd import RockOPDTrainer
 
         return RockOPDTrainer(
             model=student,
@@ -110,7 +110,7 @@ def build_trainer(
             peft_config=peft_config,
         )
     if trainer == "distillation":
-        from .trainers.distillation import RockDistillationTrainer
+        from ..trainers.distillation import RockDistillationTrainer
 
         if not isinstance(args, RockDistillationConfig):
             args = distillation_config(args, use_vllm=use_vllm, vllm_mode=vllm_mode)

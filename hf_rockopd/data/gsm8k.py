@@ -5,7 +5,7 @@ The chat helpers that used to live here are in `hf_rockopd.data.chat` (re-export
 
 Example:
 ```python
->>> from hf_rockopd.gsm8k import GSM8K_HUB_ID
+>>> from hf_rockopd.data.gsm8k import GSM8K_HUB_ID
 >>> GSM8K_HUB_ID
 'openai/gsm8k'
 ```
@@ -17,8 +17,8 @@ import json
 import os
 from typing import Any
 
-from .data.chat import Problem, check_system_prompt, question_messages, read_jsonl
-from .evaluation.answers import reference_answer
+from .chat import Problem, check_system_prompt, question_messages, read_jsonl
+from ..evaluation.answers import reference_answer
 
 __all__ = ["GSM8K_HUB_ID", "Problem", "check_system_prompt", "load_gsm8k_problems", "question_messages", "read_jsonl"]
 
@@ -69,7 +69,7 @@ def load_gsm8k_problems(
     Example:
     ```python
     >>> import json, os, tempfile
-    >>> from hf_rockopd.gsm8k import load_gsm8k_problems
+    >>> from hf_rockopd.data.gsm8k import load_gsm8k_problems
     >>> path = os.path.join(tempfile.mkdtemp(), "p.jsonl")
     >>> _ = open(path, "w").write(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}) + "\\n")
     >>> load_gsm8k_problems(path)

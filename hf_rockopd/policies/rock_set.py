@@ -43,7 +43,7 @@ def rock_scores(count: torch.Tensor, mean_divergence: torch.Tensor) -> torch.Ten
     Example:
     ```python
     >>> import torch
-    >>> from hf_rockopd.rock_set import rock_scores
+    >>> from hf_rockopd.policies.rock_set import rock_scores
     >>> rock_scores(torch.tensor([2.0, 10.0]), torch.tensor([1.0, 0.5])).tolist()
     [2.0, 5.0]
     ```
@@ -78,7 +78,7 @@ def select_rock_tokens(
     Example:
     ```python
     >>> import torch
-    >>> from hf_rockopd.rock_set import select_rock_tokens
+    >>> from hf_rockopd.policies.rock_set import select_rock_tokens
     >>> count = torch.tensor([100.0, 50.0, 10.0, 1.0]); div = torch.tensor([1.0, 0.1, 2.0, 9.0])
     >>> select_rock_tokens(count, div, top_k=2, min_count=2, exclude_top_frequent=1)[0]
     [2, 1]
@@ -129,7 +129,7 @@ def frequency_matched_ids(
     Example:
     ```python
     >>> import torch
-    >>> from hf_rockopd.rock_set import frequency_matched_ids
+    >>> from hf_rockopd.policies.rock_set import frequency_matched_ids
     >>> counts = torch.tensor([1000.0, 900.0, 5.0, 4.0, 3.0, 800.0])
     >>> sorted(frequency_matched_ids([0], counts, num_bins=2, seed=0)) in ([1], [5])
     True
@@ -178,7 +178,7 @@ def load_rock_set(path: str | os.PathLike, vocab_size: int | None = None) -> dic
     Example:
     ```python
     >>> import json, tempfile
-    >>> from hf_rockopd.rock_set import load_rock_set
+    >>> from hf_rockopd.policies.rock_set import load_rock_set
     >>> f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False); json.dump({"token_ids": [3, 5]}, f); f.close()
     >>> load_rock_set(f.name, vocab_size=10)["token_ids"]
     [3, 5]
@@ -213,7 +213,7 @@ def check_rock_set_tokenizer(path: str | os.PathLike, decode: Callable[[list[int
     Example:
     ```python
     >>> import os, tempfile
-    >>> from hf_rockopd.rock_set import check_rock_set_tokenizer, save_rock_set
+    >>> from hf_rockopd.policies.rock_set import check_rock_set_tokenizer, save_rock_set
     >>> path = os.path.join(tempfile.mkdtemp(), "rock_set.json")
     >>> save_rock_set(path, [{"token_id": 1, "token": "b"}], vocab_size=3)
     >>> check_rock_set_tokenizer(path, lambda ids: "abc"[ids[0]])  # same tokenizer: no error
@@ -268,7 +268,7 @@ def save_rock_set(
     Example:
     ```python
     >>> import tempfile, os
-    >>> from hf_rockopd.rock_set import load_rock_set, save_rock_set
+    >>> from hf_rockopd.policies.rock_set import load_rock_set, save_rock_set
     >>> path = os.path.join(tempfile.mkdtemp(), "rock_set.json")
     >>> save_rock_set(path, [{"token_id": 7, "token": "So", "count": 12}], vocab_size=100, policy="rock_online")
     >>> load_rock_set(path, vocab_size=100)["token_ids"]
@@ -325,7 +325,7 @@ def decode_rock_rows(rows: Sequence[dict[str, Any]], tokenizer: Any | None) -> l
     Example:
     ```python
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.rock_set import decode_rock_rows
+    >>> from hf_rockopd.policies.rock_set import decode_rock_rows
     >>> decode_rock_rows([{"token_id": 32, "count": 3}], build_tiny_tokenizer())
     [{'token_id': 32, 'count': 3, 'token': 'A'}]
     ```
@@ -349,7 +349,7 @@ def write_rock_tokens(
     ```python
     >>> import tempfile
     >>> from hf_rockopd.models import build_tiny_tokenizer
-    >>> from hf_rockopd.rock_set import load_rock_tokens, write_rock_tokens
+    >>> from hf_rockopd.policies.rock_set import load_rock_tokens, write_rock_tokens
     >>> run = tempfile.mkdtemp()
     >>> path = write_rock_tokens(run, [{"token_id": 32}], vocab_size=259, tokenizer=build_tiny_tokenizer(), step=3)
     >>> load_rock_tokens(run)["tokens"]
@@ -378,7 +378,7 @@ def load_rock_tokens(directory: str | os.PathLike) -> dict[str, Any]:
     Example:
     ```python
     >>> import tempfile
-    >>> from hf_rockopd.rock_set import load_rock_tokens, write_rock_tokens
+    >>> from hf_rockopd.policies.rock_set import load_rock_tokens, write_rock_tokens
     >>> run = tempfile.mkdtemp()
     >>> _ = write_rock_tokens(run, [], vocab_size=259, policy="uniform")
     >>> load_rock_tokens(run)["tokens"], load_rock_tokens(run)["policy"]

@@ -23,12 +23,12 @@ import torch
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config
 
-from .console import PhaseLog, quiet_training
-from .student_config import StudentModelConfig, quantization_config, student_model_config
-from .evaluation.answers import reference_answer
-from .evaluation.teacher_reference import TEACHER_REFERENCE_NAME, TeacherReference
-from .data import DataSplit, split_dataset
-from .models import (
+from ..console import PhaseLog, quiet_training
+from ..models.student_config import StudentModelConfig, quantization_config, student_model_config
+from ..evaluation.answers import reference_answer
+from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME, TeacherReference
+from ..data import DataSplit, split_dataset
+from ..models import (
     ResolvedModel,
     describe_model_source,
     middle_block_layers,
@@ -41,14 +41,14 @@ from .models import (
     resolve_tokenizer,
     unpack_linears,
 )
-from .distill_arguments import DistillArguments
-from .distill_evaluation import distill_teacher_reference, evaluate_student, evaluation_teachers, outside_teacher
-from .distill_output import clean_saved_config, compact_progress, distill_report
-from .memory import release_free_memory
-from .publishing.run_report import write_run_report
-from .trainers.config import RockOPDConfig
-from .trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
-from .distill_trainer import build_trainer, distillation_config
+from .arguments import DistillArguments
+from .evaluation import distill_teacher_reference, evaluate_student, evaluation_teachers, outside_teacher
+from .output import clean_saved_config, compact_progress, distill_report
+from ..utils.memory import release_free_memory
+from ..publishing.run_report import write_run_report
+from ..trainers.config import RockOPDConfig
+from ..trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
+from .trainer_choice import build_trainer, distillation_config
 
 logger = logging.get_logger(__name__)
 
@@ -326,7 +326,7 @@ def run_distillation(
     write_run_report(args.output_dir, report)
     card = None
     if trainer.is_world_process_zero():
-        from .publishing.model_card import write_model_card
+        from ..publishing.model_card import write_model_card
 
         phases("model card", "rendering README.md and training_curves.png")
         card = write_model_card(args.output_dir)

@@ -4,8 +4,8 @@ before/after evaluation of the student (`hf_rockopd.distill.run_distillation` ca
 Example:
 ```python
 >>> from hf_rockopd import RockOPDConfig
->>> from hf_rockopd.distill_arguments import DistillArguments
->>> from hf_rockopd.distill_evaluation import outside_teacher
+>>> from hf_rockopd.distill.arguments import DistillArguments
+>>> from hf_rockopd.distill.evaluation import outside_teacher
 >>> args = RockOPDConfig(output_dir="out", teacher_cache=None, report_to="none")
 >>> outside_teacher(DistillArguments(), args, reference=None) is None  # the teacher runs in this process
 True
@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .distill_arguments import DistillArguments
-from .evaluation.teacher_reference import TEACHER_REFERENCE_NAME
-from .trainers.config import RockOPDConfig
+from .arguments import DistillArguments
+from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME
+from ..trainers.config import RockOPDConfig
 
 __all__ = ["distill_teacher_reference", "evaluate_student", "evaluation_teachers", "outside_teacher"]
 
@@ -27,7 +27,7 @@ __all__ = ["distill_teacher_reference", "evaluate_student", "evaluation_teachers
 def distill_teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
     """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
     "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
-    from .evaluation.teacher_reference import load_or_build_teacher_reference
+    from ..evaluation.teacher_reference import load_or_build_teacher_reference
 
     return load_or_build_teacher_reference(
         os.path.join(args.output_dir, TEACHER_REFERENCE_NAME),
@@ -69,7 +69,7 @@ def evaluation_teachers(teacher, args: RockOPDConfig, tokenizer) -> tuple[Any, A
     teacher (through the cache, when one is given) for both, or with a cache alone no on-policy divergence."""
     if teacher is not None:
         return teacher, None
-    from .teachers import connect_teacher_source
+    from ..teachers import connect_teacher_source
 
     source = connect_teacher_source(args, tokenizer)
     if args.teacher_server_url is None:
@@ -78,7 +78,7 @@ def evaluation_teachers(teacher, args: RockOPDConfig, tokenizer) -> tuple[Any, A
 
 
 def evaluate_student(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
-    from .evaluation.evaluate import evaluate_gsm8k
+    from ..evaluation.evaluate import evaluate_gsm8k
 
     on_policy, forced = teacher
     return evaluate_gsm8k(

@@ -3,7 +3,7 @@ defaults, and the quantization config built from it.
 
 Example:
 ```python
->>> from hf_rockopd.student_config import StudentModelConfig
+>>> from hf_rockopd.models.student_config import StudentModelConfig
 >>> StudentModelConfig(load_in_4bit=True).use_peft
 True
 ```
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import ModelConfig, get_quantization_config
 
-from .checks import check_at_least, check_range
+from ..utils.checks import check_at_least, check_range
 
 __all__ = ["StudentModelConfig", "quantization_config", "student_model_config"]
 
@@ -100,7 +100,7 @@ def student_model_config(model_args: ModelConfig | None) -> StudentModelConfig:
     Example:
     ```python
     >>> from trl import ModelConfig
-    >>> from hf_rockopd.distill import student_model_config
+    >>> from hf_rockopd.models.student_config import student_model_config
     >>> student_model_config(ModelConfig(use_peft=True, lora_r=4)).lora_r
     4
     ```
