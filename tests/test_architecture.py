@@ -162,9 +162,22 @@ def test_only_the_command_line_imports_commands():
 
 def test_evaluation_is_one_package():
     """Rollout, answers, quality, loops, the teacher reference, the evaluation and its table live in
-    `hf_rockopd.evaluation`; the package root keeps the public API, `distill` and `cli`."""
+    `hf_rockopd.evaluation`."""
     modules = _modules()
     for name in ("rollout", "answers", "quality", "loops", "teacher_reference", "evaluate", "table"):
         assert f"hf_rockopd.evaluation.{name}" in modules
         assert f"hf_rockopd.{name}" not in modules or name == "evaluate"
     assert "hf_rockopd.results_table" not in modules
+
+
+ROOT_MODULES = {"__init__.py", "cli.py", "console.py", "_version.py"}
+
+
+def test_package_root_holds_only_the_public_api():
+    """The root holds the public API (`__init__`), the command line, the console and the version; every other module
+    lives in the package for its job (`distill/`, `models/`, `data/`, `policies/`, `utils/`, ...)."""
+    loose = sorted(p.name for p in PACKAGE_DIR.glob("*.py") if p.name not in ROOT_MODULES)
+    assert not loose, (
+        f"loose module(s) at the package root: {', '.join(loose)}; the root holds only {sorted(ROOT_MODULES)}. "
+        "Put each in the package for its job (e.g. hf_rockopd/distill/, models/, data/, policies/, utils/)."
+    )
