@@ -388,7 +388,7 @@ def test_gpu_training_runs_past_the_deadline_are_recorded_as_skipped():
 
 def test_decode_benchmark_measures_both_paths_and_checks_the_greedy_tokens(tmp_path, monkeypatch):
     """benchmarks/decode.py on a tiny saved model: MKL, packed body, packed body + head rows with ratios to the floor,
-    the LoRA student's rows, and the packed greedy tokens equal the dense ones (issue 29)."""
+    the LoRA student's rows, and the packed greedy tokens equal the dense ones."""
     import json
     import math
 

@@ -159,8 +159,8 @@ def test_lora_run_saves_an_adapter(tiny_run):
 
 
 def test_lora_run_with_packed_frozen_layers_equals_the_dense_run(tiny_run, monkeypatch, capsys):
-    """On one CPU process the teacher and the student's frozen base layers are oneDNN-packed (issue 29): the losses,
-    the evaluation answers and the trained adapter equal those of the same run with packing off."""
+    """On one CPU process the teacher and the student's frozen base layers are oneDNN-packed (the packed CPU decode):
+    the losses, the evaluation answers and the trained adapter equal those of the same run with packing off."""
     tmp_path, script, args = tiny_run
     runs = {}
     for packing in ("1", "0"):
@@ -374,7 +374,7 @@ def test_example_script_runs(tiny_run, monkeypatch, capsys):
 
 
 def test_bad_input_leaves_no_output_directory(tmp_path, tiny_run):
-    """A bad dataset, teacher or prompt fails without creating the output directory (issue 19)."""
+    """A bad dataset, teacher or prompt fails without creating the output directory."""
     _, script, args = tiny_run
     out = tmp_path / "run"
     with pytest.raises(FileNotFoundError):

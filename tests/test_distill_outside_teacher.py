@@ -1,4 +1,4 @@
-"""The main job with the teacher outside its memory (issue 26): `hf-rockopd teacher-cache --distill_config` makes the
+"""The main job with the teacher outside its memory: `hf-rockopd teacher-cache --distill_config` makes the
 held-out reference and its cache once, then `distill` trains against a served teacher and evaluates through the cache,
 with no teacher model in the process; the refusals come before any model loads."""
 

@@ -1,5 +1,5 @@
-"""oneDNN-packed linears for frozen weights (issue 29): same outputs and greedy tokens, a LoRA student trains as the
-dense one, nothing held twice."""
+"""oneDNN-packed linears for frozen weights (the packed CPU decode, benchmarks/decode.py): same outputs and greedy
+tokens, a LoRA student trains as the dense one, nothing held twice."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_packed_for_inference_gives_the_model_back_trainable():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page release reads /proc/self/maps (Linux)")
 def test_packing_a_memory_mapped_model_releases_its_dense_pages(tmp_path):
     """The dense weights' file pages leave the process as each is packed: a packed model does not hold the model
-    twice at its peak (issue 29: +1.7 GB on the Qwen teacher before this)."""
+    twice at its peak (+1.7 GB on the Qwen teacher before this)."""
 
     def file_rss() -> int:
         status = dict(line.split(":", 1) for line in open("/proc/self/status"))

@@ -28,7 +28,7 @@ from hf_rockopd.evaluation.quality import (
 
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k", "train.jsonl")
 
-# The loops the distilled SmolLM2 student wrote (issue 18), each as the student kept going.
+# The loops the distilled SmolLM2 student wrote, each as the student kept going.
 COOKIES = "She bakes 20 cookies, 20 cookies, 20 cookies"
 AMOUNT = "So she pays " + "50% of the amount, " * 17 + "and"
 GALLONS = "The answer is " + "the number of gallons in the first gallon, which is " * 3 + "so"

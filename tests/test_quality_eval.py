@@ -1,4 +1,4 @@
-"""The evaluation's quality metrics against a degenerate student (issue 18): a looping student *lowers* the on-policy
+"""The evaluation's quality metrics against a degenerate student: a looping student *lowers* the on-policy
 divergence, yet the loop measure flags it and the teacher-forced divergence (on the teacher's own completions) is
 worse. The models are tiny Llamas whose weights are set by hand so that every behaviour is known.
 

@@ -77,7 +77,7 @@ def test_one_answer_tolerance():
 
 
 def test_generation_progress_moves_per_token(monkeypatch):
-    """The bar counts token slots and moves at every decoding step, not once per batch (issue 19)."""
+    """The bar counts token slots and moves at every decoding step, not once per batch."""
     import tqdm.auto
 
     from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer

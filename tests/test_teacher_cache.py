@@ -1,4 +1,4 @@
-"""The offline teacher cache (issue 26, item 6): what it stores reads back as the teacher said it, a cache made with
+"""The offline teacher cache: what it stores reads back as the teacher said it, a cache made with
 other settings is refused, training from it equals the in-process teacher at k = V, and the evaluation's
 teacher-forced divergence needs no teacher in memory."""
 

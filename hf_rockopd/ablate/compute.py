@@ -117,7 +117,8 @@ def train_copy(
     )
     trainer.meter = meter
     if packing_applies(args):
-        # The LoRA base layers' rollouts through oneDNN (issue 29); dense again before anyone merges or saves them.
+        # The LoRA base layers' rollouts through oneDNN (benchmarks/decode.py); dense again before anyone merges or
+        # saves them.
         pack_frozen_linears(trainer.model)
     try:
         trainer.train(resume_from_checkpoint=resume)

@@ -447,7 +447,7 @@ def run_ablation(
     if pending:
         teacher, student, tokenizer = _load_models(ablate)
         if packing_applies(args):
-            pack_for_inference(teacher)  # forward only: oneDNN-packed linears on CPU (issue 29, benchmarks/decode.py)
+            pack_for_inference(teacher)  # forward only: oneDNN-packed linears on CPU (benchmarks/decode.py)
         start = student
         if ablate.protocol == "warm_start":
             start, _ = _warm_start(student, teacher, tokenizer, train, ablate, args, root, peft_config)

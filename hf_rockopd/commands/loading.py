@@ -37,8 +37,8 @@ class LoadingArguments:
 def load_model(name: str, loading: LoadingArguments):
     """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`), for inference.
 
-    These commands only run models forward, so on CPU the linear layers are oneDNN-packed (`pack_for_inference`;
-    issue 29): the same outputs to float32 rounding, generation 2-2.5x faster on small batches.
+    These commands only run models forward, so on CPU the linear layers are oneDNN-packed (`pack_for_inference`,
+    benchmarks/decode.py): the same outputs to float32 rounding, generation 2-2.5x faster on small batches.
     """
     import torch
 

@@ -89,7 +89,7 @@ def serve_teacher(args: ServeTeacherArguments) -> int:
     from ..teachers.server import ServerLimits, build_app
 
     resolved = resolve_causal_lm(args.model, dtype=getattr(torch, args.dtype))
-    # Forward only: oneDNN-packed linears on CPU (issue 29), the head too (the server calls it, never reads its weight).
+    # Forward only: oneDNN-packed linears on CPU, the head too (the server calls it, never reads its weight).
     pack_for_inference(resolved.model, skip=())
     limits = ServerLimits(max_top_k=args.max_top_k, max_sequences=args.max_sequences, max_tokens=args.max_tokens)
     app = build_app(

@@ -242,7 +242,7 @@ def run_distillation(
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases, served)
         tokenizer = teacher.tokenizer
         # One CPU process: frozen weights go through oneDNN-packed linears, 1.3-2.6x faster decode steps than MKL's
-        # small-batch path (issue 29, benchmarks/decode.py).
+        # small-batch path (the packed CPU decode, benchmarks/decode.py).
         packing = packing_applies(args)
         if served is None and packing:
             # The teacher only ever runs forward. RockDistillationTrainer reads its head's weight: that one stays.

@@ -1,4 +1,4 @@
-"""Rock statistics per teacher, beside the pooled ones, when several teachers are served (issue 26, item 7).
+"""Rock statistics per teacher, beside the pooled ones, when several teachers are served.
 
 With a dict of teacher URLs the token policy sees every example's divergence to its own teacher, and its rock set is
 pooled over the teachers: one frozen set for the run. Different teachers can disagree with the student on different

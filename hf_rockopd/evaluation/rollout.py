@@ -181,7 +181,7 @@ def generate_completions(
     prompt_ids: list[list[int]] = []
     completion_ids: list[list[int]] = []
     # Progress in token slots (prompts x max_new_tokens), moved at every decoding step: a bar per batch sat at 0 for
-    # minutes on a CPU (issue 19). A batch that stops early jumps to its end.
+    # minutes on a CPU. A batch that stops early jumps to its end.
     bar = tqdm(total=len(prompts) * max_new_tokens, desc="generate", unit="tok", disable=not show_progress)
     with eval_mode(model), bar:
         for start in range(0, len(prompts), batch_size):

@@ -1,7 +1,7 @@
 """Inference-only models on CPU through oneDNN: frozen linear layers with their weights prepacked once.
 
 Why: on a CPU, generation is a chain of small-batch products `x @ W.T` (M = batch rows per decode step), and MKL's
-small-M path runs them well above the time it takes to read W once (issue 29: on an AVX2 EPYC, 24 ms at M = 8 for a
+small-M path runs them well above the time it takes to read W once (on an AVX2 EPYC, 24 ms at M = 8 for a
 8960 x 1536 weight against 4.3 ms at M = 1). oneDNN's matmul on a weight converted to its own layout once
 (`Tensor.to_mkldnn`) takes the same product at 2-2.5x less on both AVX2 and AVX-512 hosts
 (`benchmarks/decode.py`). The converted weight replaces the dense one, so no model is held twice.
@@ -227,7 +227,7 @@ def pack_frozen_linears(model: nn.Module, skip: tuple[str, ...] = ("lm_head",)) 
         setattr(parent, child, PackedLinear(linear))
         # The dense weight is dropped here, but transformers loads safetensors through one memory map per file,
         # unmapped only when no tensor of it is left: its pages would stay counted, the model held twice at the peak
-        # (issue 29: +1.7 GB on the Qwen teacher). They are released one weight at a time instead; the embeddings
+        # (+1.7 GB on the Qwen teacher). They are released one weight at a time instead; the embeddings
         # and norms stay in the map, where only the rows a lookup touches take memory.
         pages.release(linear.weight)
     return len(targets)

@@ -3,7 +3,7 @@
 Why: glibc keeps memory freed by many mid-sized tensors (a training step's activations and gradients) in its heap
 for reuse; the next phase (the evaluation's full-vocabulary logits) then comes on top of it. On the Qwen main job,
 six training steps left 2.3 GB that `malloc_trim` returned (11.7 -> 9.4 GB RSS), and the job's peak, the evaluation
-after training, fell from 15.4 to 13.6 GB (`examples/reports/qwen_distill/after_issue29/`).
+after training, fell from 15.4 to 13.6 GB (`examples/reports/qwen_distill/packed_cpu/`).
 
 Example:
 ```python
