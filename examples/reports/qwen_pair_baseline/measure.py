@@ -1,4 +1,4 @@
-"""Baseline of the competent offline pair on the distill job's 16 held-out GSM8K problems (issue 18).
+"""Baseline of the competent offline pair on the distill job's 16 held-out GSM8K problems.
 
 Qwen2.5-Coder-0.5B-Instruct (student) and Qwen2.5-Coder-1.5B-Instruct (teacher), greedy, 320 new tokens, with the
 teacher's completions taken from the teacher reference the distill job cached (`teacher_reference.json`, made by
