@@ -1,6 +1,6 @@
 """Greedy decode steps against the memory floor, before (MKL) and after (oneDNN-packed linears), on the Qwen pair.
 
-Issue 29. A decode step reads every weight once, so its floor is the model's weight bytes over the machine's read
+A decode step reads every weight once, so its floor is the model's weight bytes over the machine's read
 bandwidth; this prints, for the teacher and the student at batch 1, 8 and 16, the measured step, its ratio to that
 floor, and whether the packed model's greedy tokens equal the dense model's. The step is the time of a generate call
 of `--tokens` + 1 new tokens minus that of 1 new token, over `--tokens`, so the prompt's prefill is not counted.
@@ -164,7 +164,7 @@ def measure_lora(name: str, batches: list[int], tokens: int, bandwidth: float) -
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The README's decode table."""
+    """The decode table of docs/performance.md."""
     lines = [
         f"Processor: {result['processor']}; {result['threads']} threads; read bandwidth "
         f"{result['bandwidth_gb_s']:.1f} GB/s; {result['tokens']} greedy tokens per measurement, prefill excluded.",

@@ -1,4 +1,4 @@
-"""Thread and OpenMP settings for CPU generation (issue 29): the packed teacher's decode step under each setting.
+"""Thread and OpenMP settings for CPU generation: the packed teacher's decode step under each setting.
 
 OpenMP reads its environment when the process starts, so every setting is a fresh `python -m benchmarks.decode`
 process (the packed teacher, body and head, at batch 8, as `eval` and the lab run it); the step of each is printed

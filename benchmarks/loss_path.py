@@ -517,7 +517,7 @@ def ratios(record: dict) -> dict:
 
 
 def grid(full: bool) -> list[tuple[LossCase, bool]]:
-    """`(case, timed)` pairs: the issue's full grid with `full`, else the reduced default that fits a shared 2-core
+    """`(case, timed)` pairs: the full 72-case grid with `full`, else the reduced default that fits a shared 2-core
     machine (see BENCHMARKS.md); untimed cases measure memory only (the scaling points)."""
     if full:
         return [
@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", nargs=2, metavar=("MODE", "JSON"), help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/loss_path.json", help="JSON file of the raw results")
-    parser.add_argument("--full", action="store_true", help="the issue's full grid (hours on 2 CPU cores)")
+    parser.add_argument("--full", action="store_true", help="the full 72-case grid (hours on 2 CPU cores)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per implementation (after a warm-up)")
     parser.add_argument("--budget-gib", type=float, default=12.0, help="memory cap per case and implementation")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases of the grid")

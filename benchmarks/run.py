@@ -20,7 +20,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="the issue's full loss-path grid (many hours on 2 cores)")
+    parser.add_argument("--full", action="store_true", help="the full 72-case loss-path grid (many hours on 2 cores)")
     parser.add_argument("--skip-real", action="store_true", help="skip the SmolLM2 training-step benchmark")
     args = parser.parse_args(argv)
     os.makedirs(RESULTS, exist_ok=True)

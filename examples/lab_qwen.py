@@ -1,6 +1,6 @@
 """Rock-token lab on the competent pair, after uniform OPD: Qwen2.5-Coder-1.5B-Instruct teaches 0.5B-Instruct.
 
-Issue 18, item 7. The student is the one the paper's protocol finds rocks on: the uniform-OPD warm start of
+The student is the one the paper's protocol finds rocks on: the uniform-OPD warm start of
 `hf-rockopd ablate --config examples/configs/ablate_qwen.yaml` (`runs/ablate-qwen/warm_start/model`, LoRA merged).
 On the ablation's own rock-finding prompts and settings (sampled rollouts, seed 42, 128 new tokens) the script
 
