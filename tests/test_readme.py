@@ -1,4 +1,5 @@
-"""The README's code runs: the quickstart (on tiny local models, offline), the custom-policy example, the demo."""
+"""The README's and the docs' code runs: the quickstart (in the README and in docs/quickstart.md, the same block; run
+on tiny local models, offline), the custom-policy example of docs/policies.md, the demo."""
 
 import json
 import os
@@ -16,24 +17,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k", "train.jsonl")
 
 
-def readme() -> str:
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def read(relative_path: str) -> str:
+    with open(os.path.join(ROOT, relative_path), encoding="utf-8") as f:
         return f.read()
+
+
+def readme() -> str:
+    return read("README.md")
 
 
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
+def quickstart(text: str) -> str:
+    """The one Python block between the quickstart markers of a page."""
+    assert text.count("<!-- quickstart:start -->") == 1 and text.count("<!-- quickstart:end -->") == 1
+    (code,) = python_blocks(text.split("<!-- quickstart:start -->")[1].split("<!-- quickstart:end -->")[0])
+    return code
+
+
+def test_quickstart_is_the_same_in_the_readme_and_the_docs():
+    assert quickstart(readme()) == quickstart(read("docs/quickstart.md")), (
+        "The quickstart of README.md and docs/quickstart.md differ: keep the two blocks identical."
+    )
+
+
 def substitute(code: str, old: str, new: str) -> str:
-    assert code.count(old) == 1, f"the README quickstart no longer contains {old!r}; update tests/test_readme.py"
+    assert code.count(old) == 1, f"the quickstart no longer contains {old!r}; update tests/test_readme.py"
     return code.replace(old, new)
 
 
 def test_quickstart_runs_offline(tmp_path, monkeypatch):
-    text = readme()
-    quickstart = text.split("<!-- quickstart:start -->")[1].split("<!-- quickstart:end -->")[0]
-    (code,) = python_blocks(quickstart)
+    code = quickstart(readme())  # docs/quickstart.md holds the same block (test above)
     assert len(code.strip().splitlines()) <= 20
 
     tokenizer = build_tiny_tokenizer()
@@ -68,11 +84,11 @@ def test_quickstart_runs_offline(tmp_path, monkeypatch):
 
 
 def test_custom_policy_example_runs():
-    blocks = [b for b in python_blocks(readme()) if "register_policy" in b]
+    blocks = [b for b in python_blocks(read("docs/policies.md")) if "register_policy" in b]
     assert len(blocks) == 1
     code = blocks[0].replace('@register_policy("halve_digits")', '@register_policy("halve_digits", overwrite=True)')
     namespace: dict = {}
-    exec(compile(code, "README-policy", "exec"), namespace)
+    exec(compile(code, "docs/policies.md", "exec"), namespace)
     from hf_rockopd.policies import TokenBatch, get_policy
 
     policy = get_policy("halve_digits", digit_ids=[3])
