@@ -57,6 +57,7 @@ from .quality import completion_quality, numeric_token_ids, text_quality
 from .table import format_results_table
 from ..policies.rock_set import load_rock_set, validate_token_ids
 from ..teachers import TopKTeacher
+from .journal import GenerationJournal
 from .rollout import generate_completions, pad_token_id, score_completions
 from .teacher_reference import TeacherReference, build_teacher_reference
 
@@ -447,6 +448,7 @@ def evaluate_gsm8k(
     show_progress: bool = True,
     verifier: str = "math",
     last_number: bool = False,
+    journal: GenerationJournal | None = None,
 ) -> EvalResult:
     """Evaluate a student on GSM8K-style problems: accuracy, text quality, teacher-forced and on-policy divergence.
 
@@ -478,6 +480,8 @@ def evaluate_gsm8k(
             (`#### n` references) or `"none"` (no accuracy; every other measure still).
         last_number: credit the last number of a finished completion that has no final-answer marker (off by
             default; never for a cut completion).
+        journal: the student's finished generation batches (`journal.GenerationJournal`), read back and written
+            as they finish, so a killed evaluation resumes at its batch.
 
     Returns:
         `EvalResult`, with per-problem `records`.
@@ -521,7 +525,8 @@ def evaluate_gsm8k(
         teacher_seconds = time.perf_counter() - started
     generation_started = time.perf_counter()
     prompts, completions = generate_completions(
-        model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
+        model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress,
+        journal=journal,
     )
     generation_seconds = time.perf_counter() - generation_started
     result = evaluate_completions(

@@ -28,6 +28,7 @@ import torch
 from ..losses import per_token_divergence, sparse_divergence, unpack_topk
 from ..models.introspection import check_same_vocabulary, cut_at_eos, eos_token_ids, vocab_size
 from ..teachers import TopKTeacher
+from .journal import GenerationJournal
 
 
 __all__ = [
@@ -149,6 +150,7 @@ def generate_completions(
     temperature: float = 1.0,
     suppress_tokens: Sequence[int] | None = None,
     show_progress: bool = True,
+    journal: GenerationJournal | None = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Completions of each prompt, batched and left-padded: `(prompt ids, completion ids)` per prompt.
 
@@ -159,6 +161,8 @@ def generate_completions(
 
     Args:
         prompts: chats, strings or `(messages, gold)` problems (`as_chat`).
+        journal: a [`~hf_rockopd.evaluation.journal.GenerationJournal`]: batches it holds are read back, not generated
+            again, and each new batch is written to it as soon as it is done, so a killed run resumes at its batch.
 
     Example:
     ```python
@@ -187,6 +191,12 @@ def generate_completions(
         for start in range(0, len(prompts), batch_size):
             rows = len(prompts[start : start + batch_size])
             slots_before = bar.n
+            done = journal.batch(start) if journal is not None else None
+            if done is not None and len(done[0]) == rows:
+                prompt_ids.extend(done[0])
+                completion_ids.extend(done[1])
+                bar.update(rows * max_new_tokens)
+                continue
             texts = _prompt_texts(tokenizer, prompts[start : start + batch_size])
             # Left padding, so every completion starts at the same column.
             padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
@@ -213,6 +223,8 @@ def generate_completions(
             for row, mask in zip(sequences.cpu(), enc["attention_mask"].cpu()):
                 prompt_ids.append(row[:prompt_len][mask.bool()].tolist())
                 completion_ids.append(cut_at_eos(row[prompt_len:].tolist(), eos_ids))
+            if journal is not None:
+                journal.record(start, prompt_ids[-rows:], completion_ids[-rows:])
     return prompt_ids, completion_ids
 
 

@@ -36,6 +36,7 @@ from transformers.utils import logging
 
 from .answers import grade_completion
 from ..data.chat import Problem
+from .journal import GenerationJournal
 from ..models.introspection import eos_token_ids
 from .quality import Proportion, accuracy_interval
 from .rollout import as_chat, generate_completions
@@ -200,6 +201,23 @@ class TeacherReference:
                                       verifier, last_number)
         return replace(self, predictions=predictions, correct=[bool(c) for c in correct])
 
+    def head(self, problems: Sequence[Problem]) -> TeacherReference:
+        """The reference of the first `len(problems)` problems, which must be the first problems of this reference's
+        own set (a slice evaluated at each checkpoint of a run).
+
+        Example:
+        ```python
+        slice_reference = reference.head(problems[:32])
+        ```
+        """
+        n = len(problems)
+        if not 0 < n <= len(self.prompt_ids):
+            raise ValueError(f"A head of this reference has 1 to {len(self.prompt_ids)} problems, got {n}.")
+        return replace(
+            self, problems_fingerprint=problems_fingerprint(problems), prompt_ids=self.prompt_ids[:n],
+            completion_ids=self.completion_ids[:n], predictions=self.predictions[:n], correct=self.correct[:n],
+        )
+
     def key(self) -> dict[str, Any]:
         """The settings a cached file must match to be reused."""
         return {name: getattr(self, name) for name in _KEY_FIELDS}
@@ -327,9 +345,11 @@ def build_teacher_reference(
     show_progress: bool = False,
     verifier: str = "math",
     last_number: bool = False,
+    journal_path: str | os.PathLike | None = None,
 ) -> TeacherReference:
     """The teacher's greedy completions of `problems` (`rollout.generate_completions`) and their correctness
-    (`answers.grade_completion` with `verifier` and `last_number`).
+    (`answers.grade_completion` with `verifier` and `last_number`). With `journal_path`, each finished batch is
+    written there (`journal.GenerationJournal`), and a build killed midway resumes at its batch.
 
     Example:
     ```python
@@ -343,8 +363,12 @@ def build_teacher_reference(
     ```
     """
     key = _expected_key(teacher, tokenizer, problems, teacher_name, max_new_tokens)
+    journal = None
+    if journal_path is not None:
+        journal = GenerationJournal(journal_path, {**key, "batch_size": int(batch_size)})
     prompts, completions = generate_completions(
-        teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size, show_progress=show_progress
+        teacher, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
+        show_progress=show_progress, journal=journal,
     )
     predictions, correct = _grade(completions, tokenizer, problems, key["stop_ids"], max_new_tokens, verifier,
                                   last_number)
@@ -368,12 +392,14 @@ def load_or_build_teacher_reference(
     batch_size: int = 8,
     on_mismatch: Literal["regenerate", "error"] = "regenerate",
     show_progress: bool = False,
+    verifier: str = "math",
 ) -> TeacherReference:
     """The cached reference at `path` when it was made with these settings, else a new one (written to `path`).
 
     A file made with other settings (teacher, its weights, tokenizer, problems, `max_new_tokens`, stop ids) is
     regenerated and overwritten with a warning naming what differs, or refused (`ValueError`) with
-    `on_mismatch="error"`. `path=None` builds one in memory without caching it.
+    `on_mismatch="error"`. `path=None` builds one in memory without caching it. While a new one is generated, its
+    finished batches are journaled beside `path` (`<path>.generate.jsonl`), so a killed build resumes at its batch.
 
     Example:
     ```python
@@ -404,10 +430,12 @@ def load_or_build_teacher_reference(
         if on_mismatch == "error":
             raise ValueError(message + ". Delete it, or give another path.")
         logger.warning(message + "; generating it again.")
+    journal_path = None if path is None else os.fspath(path) + ".generate.jsonl"
     reference = build_teacher_reference(
         teacher, tokenizer, problems, teacher_name=teacher_name, max_new_tokens=max_new_tokens,
-        batch_size=batch_size, show_progress=show_progress,
+        batch_size=batch_size, show_progress=show_progress, verifier=verifier, journal_path=journal_path,
     )
     if path is not None:
         reference.save(path)
+        os.remove(journal_path)  # the reference holds every completion now
     return reference
