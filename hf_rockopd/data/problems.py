@@ -13,8 +13,10 @@ data = split_dataset("openai/gsm8k", num_train=256, num_eval=16, seed=42)       
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .chat import Problem, check_system_prompt
 from .formats import DataColumns, detect_columns, row_problem, row_training_messages
@@ -109,6 +111,11 @@ class DataSplit:
     columns: DataColumns
     location: str
     eval_location: str
+    validation: list[Problem] = field(default_factory=list)
+    # Row indices in the original dataset (before the shuffle) of the held-out and validation problems: the list a
+    # report commits, so that anyone can check they were never trained on.
+    eval_indices: list[int] = field(default_factory=list)
+    validation_indices: list[int] = field(default_factory=list)
 
 
 def split_dataset(
@@ -125,10 +132,13 @@ def split_dataset(
     eval_dataset: Any = None,
     eval_config: str | None = None,
     eval_split: str = "test",
+    num_validation: int = 0,
 ) -> DataSplit:
     """Training prompts and held-out problems, disjoint: from one dataset, shuffled with `seed` and the held-out ones
     drawn first (the same evaluation set whatever `num_train` is); or the problems from `eval_dataset` (same columns
-    and overrides), the first `num_eval` after the same shuffle.
+    and overrides), the first `num_eval` after the same shuffle. `num_validation` more problems are drawn right after
+    the held-out ones (`DataSplit.validation`, never trained on either): the slice to choose settings on, so that the
+    held-out problems are never tuned on.
 
     Example:
     ```python
@@ -143,19 +153,22 @@ def split_dataset(
     ```
     """
     check_system_prompt(system_prompt)
-    for name, value, low in (("num_train_prompts", num_train, 1), ("num_eval_problems", num_eval, 0)):
+    for name, value, low in (("num_train_prompts", num_train, 1), ("num_eval_problems", num_eval, 0),
+                             ("num_validation_problems", num_validation, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}.")
     rows, columns, location = load_dataset_columns(
         dataset, config=config, split=split, prompt_column=prompt_column, answer_column=answer_column
     )
-    held_in = 0 if eval_dataset is not None else num_eval
+    held_in = 0 if eval_dataset is not None else num_eval + num_validation
     if num_train + held_in > len(rows):
         raise ValueError(
-            f"num_train_prompts + num_eval_problems = {num_train + held_in} but {location!r} has {len(rows)} rows. "
-            "Ask for fewer, or give the held-out problems with --eval_dataset."
+            f"num_train_prompts + num_eval_problems + num_validation_problems = {num_train + held_in} but "
+            f"{location!r} has {len(rows)} rows. Ask for fewer, or give the held-out problems with --eval_dataset."
         )
-    rows = rows.shuffle(seed=seed)
+    # `Dataset.shuffle(seed)` is this permutation; drawn here so that the original row indices are known.
+    order = np.random.default_rng(seed).permutation(len(rows)).tolist()
+    rows = rows.select(order)
     eval_location = location
     if eval_dataset is not None:
         eval_rows, _, eval_location = load_dataset_columns(
@@ -164,12 +177,17 @@ def split_dataset(
         )
         eval_columns = detect_columns(eval_rows.column_names, prompt_column, answer_column,
                                       source=f"Dataset {eval_location!r}")
-        if num_eval > len(eval_rows):
-            raise ValueError(f"num_eval_problems = {num_eval} but {eval_location!r} has {len(eval_rows)} rows.")
-        eval_rows = eval_rows.shuffle(seed=seed)
-        problems = _problems(eval_rows, eval_columns, range(num_eval), system_prompt, eval_location)
+        if num_eval + num_validation > len(eval_rows):
+            raise ValueError(
+                f"num_eval_problems + num_validation_problems = {num_eval + num_validation} but {eval_location!r} "
+                f"has {len(eval_rows)} rows."
+            )
+        eval_order = np.random.default_rng(seed).permutation(len(eval_rows)).tolist()
+        source, source_columns, where = eval_rows.select(eval_order), eval_columns, eval_location
     else:
-        problems = _problems(rows, columns, range(num_eval), system_prompt, location)
+        eval_order, source, source_columns, where = order, rows, columns, location
+    problems = _problems(source, source_columns, range(num_eval), system_prompt, where)
+    validation = _problems(source, source_columns, range(num_eval, num_eval + num_validation), system_prompt, where)
     train = rows.select(range(held_in, held_in + num_train))
 
     def to_messages(row: dict[str, Any]) -> dict[str, Any]:
@@ -177,4 +195,8 @@ def split_dataset(
 
     # Only `messages` stays: the collator reads it, and other columns (a chat `prompt`) would confuse TRL.
     train = train.map(to_messages, remove_columns=train.column_names)
-    return DataSplit(train=train, problems=problems, columns=columns, location=location, eval_location=eval_location)
+    return DataSplit(
+        train=train, problems=problems, columns=columns, location=location, eval_location=eval_location,
+        validation=validation, eval_indices=eval_order[:num_eval],
+        validation_indices=eval_order[num_eval : num_eval + num_validation],
+    )

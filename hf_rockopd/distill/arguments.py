@@ -47,6 +47,11 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
             Training prompts drawn from the non-held-out rows.
         num_eval_problems (`int`, *optional*, defaults to `16`):
             Held-out problems, never trained on, used for evaluation before and after training.
+        num_validation_problems (`int`, *optional*, defaults to `0`):
+            Problems drawn right after the held-out ones, never trained on either: the slice to choose settings on.
+        eval_on (`str`, *optional*, defaults to `"heldout"`):
+            `"heldout"` evaluates on the held-out problems; `"validation"` on the validation slice, leaving the
+            held-out ones untouched (the training prompts are the same either way).
 
         > Evaluation
 
@@ -61,6 +66,13 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
             Credit the last number of a finished answer that has no final-answer marker (never a cut one).
         skip_eval (`bool`, *optional*, defaults to `False`):
             Train and save without the before/after evaluation.
+        eval_cache_dir (`str` or `None`, *optional*, defaults to `None`):
+            Folder for the teacher's reference answers and the base student's evaluation, reused when made with the
+            same settings: runs that compare policies on the same problems share it and compute each once. `None`:
+            the output directory.
+        checkpoint_eval_problems (`int`, *optional*, defaults to `0`):
+            At step 0 and at each saved checkpoint, evaluate the first N evaluation problems
+            (`checkpoint_evals.jsonl`, the curves of a long run); 0: no checkpoint evaluation.
 
         > Trainer
 
@@ -80,9 +92,25 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
     )
     num_train_prompts: int = field(default=256, metadata={"help": "Training prompts (non-held-out rows)."})
     num_eval_problems: int = field(default=16, metadata={"help": "Held-out evaluation problems."})
+    num_validation_problems: int = field(
+        default=0, metadata={"help": "Problems set aside after the held-out ones to choose settings on."}
+    )
+    eval_on: str = field(
+        default="heldout",
+        metadata={"help": "Evaluate on the held-out problems or on the validation slice.",
+                  "choices": ["heldout", "validation"]},
+    )
     eval_max_new_tokens: int = field(default=192, metadata={"help": "Greedy new tokens per evaluation problem."})
     eval_batch_size: int = field(default=16, metadata={"help": "Evaluation problems generated at once."})
     skip_eval: bool = field(default=False, metadata={"help": "Skip the before/after evaluation."})
+    eval_cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Folder for the teacher's reference and the base student's evaluation, shared by runs on "
+                  "the same problems (default: the output directory)."},
+    )
+    checkpoint_eval_problems: int = field(
+        default=0, metadata={"help": "Evaluate the first N problems at step 0 and each saved checkpoint (0: never)."}
+    )
     verifier: str = field(
         default="math",
         metadata={"help": "How answers are checked (math-verify): math, gsm8k ('#### n' references) or none.",
@@ -114,6 +142,22 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
         if self.num_eval_problems < (0 if self.skip_eval else 1):
             raise ValueError(
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
+            )
+        for name in ("num_validation_problems", "checkpoint_eval_problems"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")
+        if self.eval_on not in ("heldout", "validation"):
+            raise ValueError(f"eval_on must be 'heldout' or 'validation', got {self.eval_on!r}.")
+        if self.eval_on == "validation" and self.num_validation_problems < 1 and not self.skip_eval:
+            raise ValueError(
+                "eval_on='validation' needs a validation slice: set num_validation_problems (e.g. 64)."
+            )
+        evaluated = self.num_validation_problems if self.eval_on == "validation" else self.num_eval_problems
+        if self.checkpoint_eval_problems > evaluated and not self.skip_eval:
+            raise ValueError(
+                f"checkpoint_eval_problems = {self.checkpoint_eval_problems} but the evaluation has {evaluated} "
+                f"problems ({self.eval_on}); ask for at most that many."
             )
         super().__post_init__()
         check_verifier(self.verifier)

@@ -21,16 +21,34 @@ from .arguments import DistillArguments
 from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME
 from ..trainers.config import RockOPDConfig
 
-__all__ = ["distill_teacher_reference", "evaluate_student", "evaluation_teachers", "outside_teacher"]
+# The base student's evaluation, cached in `evaluation_dir` for every run on the same problems (with its per-token
+# scores beside it, `<name>.tokens.pt`), and the generation journals that let a killed evaluation resume.
+BEFORE_CACHE_NAME = "eval_before.cache.json"
+BEFORE_JOURNAL_NAME = "eval_before.generate.jsonl"
+AFTER_JOURNAL_NAME = "eval_after.generate.jsonl"
+STEP0_CACHE_NAME = "checkpoint_eval_step0.json"
+
+__all__ = [
+    "AFTER_JOURNAL_NAME", "BEFORE_CACHE_NAME", "cached_before_evaluation", "checkpoint_evaluation",
+    "distill_teacher_reference", "evaluate_student", "evaluation_dir", "evaluation_key", "evaluation_teachers",
+    "load_cached_evaluation", "outside_teacher", "save_cached_evaluation",
+]
+
+
+def evaluation_dir(script: DistillArguments, args: RockOPDConfig) -> str:
+    """Where the teacher's reference and the base student's evaluation are kept: `eval_cache_dir` (shared by the runs
+    of one comparison, so each is computed once) or the output directory."""
+    return script.eval_cache_dir or args.output_dir
 
 
 def distill_teacher_reference(teacher, tokenizer, problems, script: DistillArguments, args: RockOPDConfig):
-    """The teacher's completions of the held-out problems, made once (and cached in the output directory) so that the
-    "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it."""
+    """The teacher's completions of the held-out problems, made once (and cached in `evaluation_dir`) so that the
+    "before" and "after" evaluations score the student on the same text; a rerun with the same settings reuses it,
+    and a build that was killed resumes at its generation batch."""
     from ..evaluation.teacher_reference import load_or_build_teacher_reference
 
     return load_or_build_teacher_reference(
-        os.path.join(args.output_dir, TEACHER_REFERENCE_NAME),
+        os.path.join(evaluation_dir(script, args), TEACHER_REFERENCE_NAME),
         teacher,
         tokenizer,
         problems,
@@ -77,10 +95,71 @@ def evaluation_teachers(teacher, args: RockOPDConfig, tokenizer) -> tuple[Any, A
     return source, None
 
 
-def evaluate_student(model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig):
+def evaluation_key(model, problems, reference, script: DistillArguments, args: RockOPDConfig) -> dict[str, Any]:
+    """What an evaluation of `model` depends on: its weights, the problems, the teacher's reference and the
+    evaluation's settings. A cached evaluation or a generation journal with another key is not reused."""
+    from ..evaluation.teacher_reference import model_fingerprint, problems_fingerprint
+
+    return {
+        "model_fingerprint": model_fingerprint(model),
+        "problems_fingerprint": problems_fingerprint(problems),
+        "reference_fingerprint": reference.fingerprint() if reference is not None else None,
+        "max_new_tokens": script.eval_max_new_tokens,
+        "batch_size": script.eval_batch_size,
+        "beta": args.beta,
+        "temperature": args.loss_temperature,
+        "verifier": script.verifier,
+        "last_number": script.last_number,
+    }
+
+
+def load_cached_evaluation(path: str, key: dict[str, Any]):
+    """The evaluation saved at `path` by `save_cached_evaluation` with this `key`, or None (missing, or another key).
+    Its per-token scores come back too, so the rock figures can still be filled in (`EvalResult.with_rock_ids`)."""
+    import json
+
+    import torch
+
+    from ..evaluation.evaluate import EvalResult
+
+    tokens = path + ".tokens.pt"
+    if not (os.path.isfile(path) and os.path.isfile(tokens)):
+        return None
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if data.get("settings", {}).get("cache_key") != json.loads(json.dumps(key)):
+        return None
+    scores = torch.load(tokens)
+    result = EvalResult.from_dict(data)
+    result.token_ids, result.token_divergence = scores["token_ids"], scores["token_divergence"]
+    return result
+
+
+def save_cached_evaluation(result, path: str, key: dict[str, Any]) -> None:
+    """Write `result` (records and per-token scores) under `key`, for `load_cached_evaluation`."""
+    import dataclasses
+
+    import torch
+
+    torch.save({"token_ids": result.token_ids, "token_divergence": result.token_divergence}, path + ".tokens.pt")
+    keyed = dataclasses.replace(result, settings={**result.settings, "cache_key": key})
+    keyed.save(path + ".tmp", include_records=True)
+    os.replace(path + ".tmp", path)
+
+
+def evaluate_student(
+    model, teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig, *,
+    journal_path: str | None = None, key: dict[str, Any] | None = None,
+):
+    """Evaluate `model` on `problems` (`evaluate_gsm8k` with the run's settings). With `journal_path`, its generation
+    batches are journaled there under `key` (`evaluation_key`), and a killed evaluation resumes at its batch."""
     from ..evaluation.evaluate import evaluate_gsm8k
+    from ..evaluation.journal import GenerationJournal
 
     on_policy, forced = teacher
+    journal = None
+    if journal_path is not None:
+        journal = GenerationJournal(journal_path, key or evaluation_key(model, problems, reference, script, args))
     return evaluate_gsm8k(
         model,
         tokenizer,
@@ -94,4 +173,40 @@ def evaluate_student(model, teacher, tokenizer, problems, reference, script: Dis
         temperature=args.loss_temperature,
         verifier=script.verifier,
         last_number=script.last_number,
+        journal=journal,
+    )
+
+
+def cached_before_evaluation(model, teacher, tokenizer, problems, reference, script: DistillArguments,
+                             args: RockOPDConfig, key: dict[str, Any]):
+    """Evaluate the base student (its generation journaled, so a kill resumes at the batch) and cache the result in
+    `evaluation_dir` under `key`, for every later run on the same problems (`load_cached_evaluation`)."""
+    folder = evaluation_dir(script, args)
+    journal = os.path.join(folder, BEFORE_JOURNAL_NAME)
+    result = evaluate_student(model, teacher, tokenizer, problems, reference, script, args, journal_path=journal,
+                              key=key)
+    save_cached_evaluation(result, os.path.join(folder, BEFORE_CACHE_NAME), key)
+    os.remove(journal)
+    return result
+
+
+def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig,
+                          base_key: dict[str, Any], on_line=None):
+    """The [`~hf_rockopd.distill.checkpoints.CheckpointEvaluation`] callback of a run: the first
+    `checkpoint_eval_problems` problems at step 0 and at each save; None when the run saves no checkpoint or asks
+    for none. Its step-0 line is cached in `evaluation_dir` under the base student's `base_key`."""
+    from .checkpoints import CHECKPOINT_EVALS_NAME, CheckpointEvaluation
+
+    n = script.checkpoint_eval_problems
+    if n < 1 or str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+        return None
+    head, head_reference = list(problems[:n]), reference.head(problems[:n]) if reference is not None else None
+
+    def evaluate(model):
+        return evaluate_student(model, teacher, tokenizer, head, head_reference, script, args)
+
+    return CheckpointEvaluation(
+        os.path.join(args.output_dir, CHECKPOINT_EVALS_NAME), evaluate,
+        step0_cache=os.path.join(evaluation_dir(script, args), STEP0_CACHE_NAME), key={**base_key, "head": n},
+        on_line=(lambda text: on_line("checkpoint evaluation", text)) if on_line is not None else None,
     )

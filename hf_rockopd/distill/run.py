@@ -12,6 +12,7 @@ a local copy first: `hf_rockopd.data.resolve_dataset`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -42,7 +43,20 @@ from ..models import (
     unpack_linears,
 )
 from .arguments import DistillArguments
-from .evaluation import distill_teacher_reference, evaluate_student, evaluation_teachers, outside_teacher
+from .evaluation import (
+    AFTER_JOURNAL_NAME,
+    BEFORE_CACHE_NAME,
+    cached_before_evaluation,
+    checkpoint_evaluation,
+    distill_teacher_reference,
+    evaluate_student,
+    evaluation_dir,
+    evaluation_key,
+    evaluation_teachers,
+    load_cached_evaluation,
+    outside_teacher,
+)
+from .resume import check_resume, record_run_settings, resume_settings
 from .output import clean_saved_config, compact_progress, distill_report
 from ..utils.memory import release_free_memory
 from ..publishing.run_report import write_run_report
@@ -103,7 +117,11 @@ def load_distill_data(script: DistillArguments, seed: int) -> DataSplit:
         config=script.dataset_config, split=script.dataset_split, prompt_column=script.prompt_column,
         answer_column=script.answer_column, system_prompt=script.system_prompt, eval_dataset=script.eval_dataset,
         eval_config=script.eval_dataset_config, eval_split=script.eval_dataset_split,
+        num_validation=0 if script.skip_eval else script.num_validation_problems,
     )
+    if script.eval_on == "validation":
+        # Settings are chosen on the validation slice; the held-out problems stay out of training and out of sight.
+        data = dataclasses.replace(data, problems=data.validation, eval_indices=data.validation_indices)
     if data.problems and script.verifier != "none":
         for index, (_, reference) in enumerate(data.problems):
             if reference is None:
@@ -236,8 +254,11 @@ def run_distillation(
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
     data = load_distill_data(script, seed=args.seed)
     train_prompts = data.train
-    reference_path = os.path.join(args.output_dir, TEACHER_REFERENCE_NAME) if data.problems else None
+    reference_path = os.path.join(evaluation_dir(script, args), TEACHER_REFERENCE_NAME) if data.problems else None
     served = outside_teacher(script, args, reference_path)
+    # The same command, run again in the same output directory, resumes: refused here if its settings changed.
+    settings = resume_settings(script, args, model_args)
+    resume_from = check_resume(args.output_dir, settings, args.resume_from_checkpoint)
     with tempfile.TemporaryDirectory() as work_dir:
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases, served)
         tokenizer = teacher.tokenizer
@@ -260,18 +281,30 @@ def run_distillation(
         problems = data.problems or None
         # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
         os.makedirs(args.output_dir, exist_ok=True)
+        record_run_settings(args.output_dir, settings)
+        os.makedirs(evaluation_dir(script, args), exist_ok=True)
         before = after = reference = None
+        checkpoint_eval = None
         if problems:
-            phases("teacher reference", f"the teacher's completions of {len(problems)} held-out problems")
+            phases("teacher reference", f"the teacher's completions of {len(problems)} {script.eval_on} problems")
             if served is None:
                 reference = distill_teacher_reference(teacher.model, tokenizer, problems, script, args)
             else:
                 reference = TeacherReference.load(reference_path)
             eval_teachers = evaluation_teachers(teacher.model, args, tokenizer)
-            phases("evaluating before training", f"{len(problems)} held-out problems")
-            with packed_for_inference(student) if packing else nullcontext():
-                before = evaluate_student(student, eval_teachers, tokenizer, problems, reference, script, args)
+            before_key = evaluation_key(student, problems, reference, script, args)
+            before = load_cached_evaluation(os.path.join(evaluation_dir(script, args), BEFORE_CACHE_NAME), before_key)
+            if before is not None:
+                phases("evaluation before training", f"reused from {evaluation_dir(script, args)}")
+            else:
+                phases("evaluating before training", f"{len(problems)} {script.eval_on} problems")
+                with packed_for_inference(student) if packing else nullcontext():
+                    before = cached_before_evaluation(student, eval_teachers, tokenizer, problems, reference, script,
+                                                      args, before_key)
             release_free_memory()  # the scoring's logits, before training comes on top of them
+            checkpoint_eval = checkpoint_evaluation(
+                eval_teachers, tokenizer, problems, reference, script, args, before_key, on_line=phases
+            )
 
         trainer = build_trainer(
             script.trainer,
@@ -287,10 +320,15 @@ def run_distillation(
             # gradients (the adapters before them train as they did, tests/test_packing.py).
             phases("student's frozen layers packed", f"{pack_frozen_linears(trainer.model)} linear layers")
         compact_progress(trainer)
-        phases("training", f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs} epochs")
+        if checkpoint_eval is not None:
+            trainer.add_callback(checkpoint_eval)
+        phases(
+            "training", (f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs} epochs")
+            + (f", resuming from {resume_from}" if resume_from else "")
+        )
         train_started = time.perf_counter()
         with quiet_training():
-            trainer.train()
+            trainer.train(resume_from_checkpoint=resume_from)
         train_seconds = time.perf_counter() - train_started
         release_free_memory()  # what the training steps freed, before the evaluation's logits come on top of it
         rock_ids = trainer.rock_policy.rock_ids() or []
@@ -298,8 +336,10 @@ def run_distillation(
         if problems:
             phases("evaluating after training", f"{len(problems)} held-out problems, {len(rock_ids)} rock ids")
             model = trainer.accelerator.unwrap_model(trainer.model)
+            after_key = evaluation_key(model, problems, reference, script, args)
             with packed_for_inference(model) if packing else nullcontext():
-                after = evaluate_student(model, eval_teachers, tokenizer, problems, reference, script, args)
+                after = evaluate_student(model, eval_teachers, tokenizer, problems, reference, script, args,
+                                         journal_path=os.path.join(args.output_dir, AFTER_JOURNAL_NAME), key=after_key)
 
         phases("saving", args.output_dir)
         unpack_linears(trainer.model)  # a saved or merged model holds plain linear layers
@@ -312,6 +352,8 @@ def run_distillation(
                 if result is not None:
                     path = os.path.join(args.output_dir, f"eval_{name}.json")
                     result.with_rock_ids(rock_ids).save(path, include_records=True)
+            if os.path.exists(os.path.join(args.output_dir, AFTER_JOURNAL_NAME)):
+                os.remove(os.path.join(args.output_dir, AFTER_JOURNAL_NAME))  # eval_after.json holds it all now
 
     report = distill_report(
         script, args, model_args,

@@ -22,6 +22,13 @@ from ..console import compact_step_line
 __all__ = ["CompactProgressCallback"]
 
 
+def _duration(seconds: float) -> str:
+    """`h:mm:ss` (or `m:ss` under an hour)."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
 class CompactProgressCallback(TrainerCallback):
     """Trainer callback that prints [`~hf_rockopd.console.compact_step_line`] under the progress bar, instead of the
     full log dict.
@@ -42,11 +49,14 @@ class CompactProgressCallback(TrainerCallback):
         self.progress = ProgressCallback()
         self._last_time: float | None = None
         self._last_step = 0
+        self._begin_time, self._begin_step = time.perf_counter(), 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         """Start the bar and the step clock."""
         self.progress.on_train_begin(args, state, control, **kwargs)
         self._last_time, self._last_step = time.perf_counter(), state.global_step
+        # The ETA counts the steps of this process only: a resumed run's earlier steps ran at another time.
+        self._begin_time, self._begin_step = self._last_time, state.global_step
 
     def on_step_end(self, args, state, control, **kwargs):
         """Move the bar."""
@@ -59,6 +69,9 @@ class CompactProgressCallback(TrainerCallback):
         now, steps = time.perf_counter(), state.global_step - self._last_step
         seconds = (now - self._last_time) / steps if steps > 0 and self._last_time is not None else None
         line = compact_step_line(logs or {}, state.global_step, state.max_steps, seconds)
+        done = state.global_step - self._begin_step
+        if line is not None and done > 0 and state.max_steps > state.global_step:
+            line += f" | eta {_duration((now - self._begin_time) / done * (state.max_steps - state.global_step))}"
         if line is not None:
             self._last_time, self._last_step = now, state.global_step
             self.progress.training_bar.write(line)

@@ -1,0 +1,126 @@
+"""The student's course during training: at each saved checkpoint, an evaluation on a slice of the held-out problems
+(accuracy with its interval, cut and loop rates, teacher-forced divergence), appended to `checkpoint_evals.jsonl`.
+
+These points draw the accuracy and divergence curves of a long run; the verdict itself comes from the full evaluation
+after training. A line is written once per step: a resumed run evaluates the checkpoint it resumed from if that line
+is missing (the kill came between the save and its evaluation) and never repeats one. The base student's point (step
+0) is the same for every policy run on the same problems, so it is cached beside the teacher's reference.
+
+Example:
+```python
+from hf_rockopd.distill.checkpoints import CheckpointEvaluation, read_checkpoint_evals
+trainer.add_callback(CheckpointEvaluation("run/checkpoint_evals.jsonl", evaluate, step0_cache="shared/step0.json"))
+trainer.train()
+read_checkpoint_evals("run/checkpoint_evals.jsonl")  # [{"step": 0, "accuracy": ...}, {"step": 50, ...}, ...]
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+__all__ = ["CHECKPOINT_EVALS_NAME", "CheckpointEvaluation", "read_checkpoint_evals"]
+
+CHECKPOINT_EVALS_NAME = "checkpoint_evals.jsonl"
+_FIELDS = ("accuracy", "accuracy_low", "accuracy_high", "cut_ratio", "loop_rate", "finished_rate",
+           "teacher_forced_divergence", "mean_completion_length", "num_problems")
+
+
+def read_checkpoint_evals(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The lines of a `checkpoint_evals.jsonl`, by step (a line cut by a kill is skipped).
+
+    Example:
+    ```python
+    >>> import os, tempfile
+    >>> from hf_rockopd.distill.checkpoints import read_checkpoint_evals
+    >>> read_checkpoint_evals(os.path.join(tempfile.mkdtemp(), "none.jsonl"))
+    []
+    ```
+    """
+    if not os.path.isfile(path):
+        return []
+    rows: dict[int, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rows[int(row["step"])] = row
+    return [rows[step] for step in sorted(rows)]
+
+
+class CheckpointEvaluation(TrainerCallback):
+    """Trainer callback: evaluate the student at the start (step 0, or the checkpoint resumed from) and at each save.
+
+    Args:
+        path: the `checkpoint_evals.jsonl` to append to.
+        evaluate: `model -> EvalResult` on the slice (the run's settings and the teacher's reference of the slice).
+        step0_cache: a JSON file holding the base student's line, shared by the runs of one comparison; None: the
+            step-0 line is computed in each run.
+        key: what the step-0 line depends on (`distill.evaluation.evaluation_key` of the base student); a cached
+            line with another key is computed again.
+    """
+
+    def __init__(self, path: str, evaluate: Callable[[Any], Any], *, step0_cache: str | None = None,
+                 key: dict[str, Any] | None = None, on_line: Callable[[str], None] | None = None) -> None:
+        self.on_line = on_line or logger.info
+        self.path = os.fspath(path)
+        self.evaluate = evaluate
+        self.step0_cache = step0_cache
+        self.key = json.loads(json.dumps(key)) if key is not None else None
+
+    def _done(self) -> set[int]:
+        return {row["step"] for row in read_checkpoint_evals(self.path)}
+
+    def _append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _cached_step0(self) -> dict[str, Any] | None:
+        if self.step0_cache is None or not os.path.isfile(self.step0_cache):
+            return None
+        with open(self.step0_cache, encoding="utf-8") as f:
+            cached = json.load(f)
+        return cached.get("row") if cached.get("key") == self.key else None
+
+    def _measure(self, step: int, model: Any) -> None:
+        if step in self._done():
+            return
+        row = self._cached_step0() if step == 0 else None
+        if row is None:
+            started = time.perf_counter()
+            result = self.evaluate(model)
+            row = {"step": step, **{name: getattr(result, name) for name in _FIELDS},
+                   "seconds": round(time.perf_counter() - started, 1)}
+            if step == 0 and self.step0_cache is not None:
+                with open(self.step0_cache + ".tmp", "w", encoding="utf-8") as f:
+                    json.dump({"key": self.key, "row": row}, f)
+                os.replace(self.step0_cache + ".tmp", self.step0_cache)
+        self._append(row)
+        self.on_line(
+            f"step {step}: accuracy {row['accuracy']:.3f} "
+            f"[{row['accuracy_low']:.3f}, {row['accuracy_high']:.3f}] on {row['num_problems']} problems, "
+            f"teacher-forced divergence {row['teacher_forced_divergence']}, cut {row['cut_ratio']:.2f}"
+        )
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        """Step 0, or the checkpoint a resumed run starts from, if its line is missing."""
+        if state.is_world_process_zero and model is not None:
+            self._measure(state.global_step, model)
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        """Each saved checkpoint."""
+        if state.is_world_process_zero and model is not None:
+            self._measure(state.global_step, model)

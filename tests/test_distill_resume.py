@@ -1,0 +1,115 @@
+"""The whole `hf-rockopd distill` command resumes: SIGKILLed after a checkpoint (before its evaluation) or in the
+middle of the final evaluation, the same command run again ends as the uninterrupted run does: same adapter, same
+checkpoint evaluations, same answers. Two runs on the same problems share the teacher's reference and the base
+student's evaluation; a run restarted with other settings is refused before any model loads."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "distill_then_sigkill.py")
+
+
+def run(work, output, kill="none"):
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, SCRIPT, str(work), str(output), kill], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("distill_resume")
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1).save_pretrained(work / "teacher")
+    tokenizer.save_pretrained(work / "teacher")
+    with open(work / "problems.jsonl", "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many?",
+                                "answer": f"#### {i + 2}"}) + "\n")
+    full = run(work, work / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    return work, full
+
+
+def _adapter(path):
+    return load_file(os.path.join(path, "adapter_model.safetensors"))
+
+
+def _checkpoint_evals(path):
+    with open(os.path.join(path, "checkpoint_evals.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+def _answers(path):
+    with open(os.path.join(path, "eval_after.json")) as f:
+        return [(r["prediction"], r["correct"], r.get("text")) for r in json.load(f)["records"]]
+
+
+def _same_as_full(work, name):
+    for key, weight in _adapter(work / "full").items():
+        torch.testing.assert_close(weight, _adapter(work / name)[key], rtol=0, atol=0, msg=key)
+    assert _checkpoint_evals(work / name) == _checkpoint_evals(work / "full")
+    assert _answers(work / name) == _answers(work / "full")
+    full = json.loads((work / "full" / "run_report.json").read_text())
+    again = json.loads((work / name / "run_report.json").read_text())
+    for when in ("before", "after"):  # every figure; the settings hold the evaluations' timings
+        assert {k: v for k, v in again["eval"][when].items() if k != "settings"} == {
+            k: v for k, v in full["eval"][when].items() if k != "settings"}
+
+
+def test_full_run_shares_the_evaluation_cache_and_evaluates_each_checkpoint(runs):
+    work, full = runs
+    shared = sorted(os.listdir(work / "shared"))
+    assert {"teacher_reference.json", "eval_before.cache.json", "checkpoint_eval_step0.json"} <= set(shared)
+    assert not [name for name in shared if name.endswith(".generate.jsonl")]  # journals go once their file is whole
+    assert [row["step"] for row in _checkpoint_evals(work / "full")] == [0, 2, 4, 6]
+    assert "eta" in full.stderr + full.stdout
+    assert not (work / "full" / "eval_after.generate.jsonl").exists()
+
+
+def test_killed_after_a_checkpoint_resumes_to_the_same_end(runs):
+    work, _ = runs
+    killed = run(work, work / "killed", "train")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (work / "killed" / "checkpoint-2").is_dir() and not (work / "killed" / "checkpoint-4").exists()
+    # Killed between the save and the checkpoint's evaluation: only step 0's line is there.
+    assert [row["step"] for row in _checkpoint_evals(work / "killed")] == [0]
+    resumed = run(work, work / "killed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "checkpoint-2" in resumed.stderr
+    # The second run reused the shared cache: no teacher generation, no base evaluation.
+    assert "reused from" in resumed.stderr
+    _same_as_full(work, "killed")
+
+
+def test_killed_during_the_final_evaluation_resumes_at_its_batch(runs):
+    work, _ = runs
+    killed = run(work, work / "killed_eval", "eval_after")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    journal = work / "killed_eval" / "eval_after.generate.jsonl"
+    assert len(journal.read_text().splitlines()) == 2  # the key and one finished batch
+    resumed = run(work, work / "killed_eval")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_as_full(work, "killed_eval")
+
+
+def test_other_settings_in_the_same_directory_are_refused_before_loading(runs):
+    work, _ = runs
+    settings = json.loads((work / "full" / "run_settings.json").read_text())
+    settings["learning_rate"] = 0.5
+    (work / "full" / "run_settings.json").write_text(json.dumps(settings))
+    again = run(work, work / "full")
+    assert again.returncode != 0
+    assert "learning_rate: 0.5 -> 0.01" in again.stderr
+    assert "loading teacher" not in again.stderr
