@@ -40,6 +40,10 @@ __all__ = ["PhaseLog", "compact_step_line", "quiet_library_imports", "quiet_trai
 _BNB_KERNEL_NOTICE = "Failed to load CPU gemm_4bit_forward"
 # TRL's GKD passes `return_dict_in_generate` next to a `generation_config`: a transformers deprecation about TRL's call.
 _GENERATE_NOTICE = "Passing `generation_config` together with generation-related"
+# DeepSpeed, when installed, is imported by accelerate as our trainers are built (`extract_model_from_parallel`, even in
+# a run that does not use DeepSpeed) and logs this when torch sees no GPU: it only reports that DeepSpeed picked its CPU
+# backend, the one such a machine has, and nothing a user can change. On a GPU machine it is not said.
+_DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 
 class _DropMessages(logging.Filter):
@@ -89,7 +93,8 @@ def quiet_library_imports() -> Iterator[None]:
 def quiet_training() -> Iterator[None]:
     """While our trainers are built and `trainer.train()` runs: no deprecation notices about calls TRL and peft make
     inside their own code (`is_gradient_checkpointing`, read by peft's `PeftModel` and by TRL; `generation_config`
-    passed with generation arguments). Other warnings show.
+    passed with generation arguments), and no DeepSpeed notice that it found no GPU (see `_DEEPSPEED_CPU_NOTICE`).
+    Other warnings show.
 
     Example:
     ```python
@@ -98,7 +103,11 @@ def quiet_training() -> Iterator[None]:
         trainer.train()
     ```
     """
-    with warnings.catch_warnings(), _log_filter("transformers.generation.utils", _GENERATE_NOTICE):
+    with (
+        warnings.catch_warnings(),
+        _log_filter("transformers.generation.utils", _GENERATE_NOTICE),
+        _log_filter("DeepSpeed", _DEEPSPEED_CPU_NOTICE),
+    ):
         # TRL's trainers call transformers' renamed `*gradient_checkpointing*` methods during train().
         warnings.filterwarnings(
             "ignore", message=r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated", category=FutureWarning

@@ -11,6 +11,7 @@ from hf_rockopd.console import PhaseLog, compact_step_line, quiet_library_import
 
 
 GC_NOTICE = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use `is_activation_checkpointing`"
+DEEPSPEED_NOTICE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 BNB_NOTICE = "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'."
 
 
@@ -46,6 +47,24 @@ def test_generate_notice_is_dropped_inside_the_training_scope_only(caplog):
         logger.warning(notice)
     messages = [record.getMessage() for record in caplog.records]
     assert messages == ["Setting `pad_token_id` to `eos_token_id`", notice]
+    assert not logger.filters
+
+
+def test_deepspeed_cpu_notice_is_dropped_inside_the_training_scope_only():
+    """accelerate imports DeepSpeed (when installed) while a trainer is built; on a machine without a GPU it logs
+    that it chose the CPU. Its logger does not propagate, so a handler of its own records what gets through."""
+    logger, seen = logging.getLogger("DeepSpeed"), []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    try:
+        with quiet_training():
+            logger.warning(DEEPSPEED_NOTICE)
+            logger.warning("Setting accelerator to CUDA")  # another DeepSpeed message still shows
+        logger.warning(DEEPSPEED_NOTICE)
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage() for record in seen] == ["Setting accelerator to CUDA", DEEPSPEED_NOTICE]
     assert not logger.filters
 
 

@@ -7,6 +7,7 @@ return_outputs=True)` returns with the loss.
 
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from transformers.utils import ModelOutput, logging
 from ..console import quiet_training
 from ..engine import LossPlan, RockTokenEngine
 from ..engine.sharding import fsdp_mesh, shard_teacher
+from ..models.adapters import adapter_embedding_layers
 from ..policies import TokenPolicy
 from ..publishing.model_card import model_card_from_trainer
 from ..publishing.run_report import CARD_NAME
@@ -271,6 +273,23 @@ class RockTrainerMixin:
         super().save_model(output_dir, _internal_call)
         if self.is_world_process_zero():
             self.write_rock_tokens(output_dir or self.args.output_dir)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # Every save of a LoRA student (the final one and checkpoints) ends here. peft's save_pretrained would ask the
+        # Hub whether the vocabulary was resized (offline: two warnings and a guess); the base's local config answers.
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        embedding_layers = adapter_embedding_layers(model)
+        if embedding_layers is None:
+            return super()._save(output_dir, state_dict)
+        # Trainer._save calls save_pretrained(output_dir, state_dict=..., is_main_process=...) with no way to pass
+        # peft's flag, so this model's method carries it for the one call.
+        model.save_pretrained = functools.partial(
+            type(model).save_pretrained, model, save_embedding_layers=embedding_layers
+        )
+        try:
+            super()._save(output_dir, state_dict)
+        finally:
+            del model.save_pretrained
 
     def _save_checkpoint(self, model, trial):
         # The policy state goes in first: a run killed while the model is being written still finds it on resume.
