@@ -113,3 +113,30 @@ def test_other_settings_in_the_same_directory_are_refused_before_loading(runs):
     assert again.returncode != 0
     assert "learning_rate: 0.5 -> 0.01" in again.stderr
     assert "loading teacher" not in again.stderr
+
+
+def test_cached_top_k_teacher_forced_divergence_without_on_policy_scoring(runs, tmp_path):
+    from hf_rockopd import RockOPDConfig
+    from hf_rockopd.distill import DistillArguments, run_distillation
+
+    work, _ = runs
+    script = DistillArguments(
+        teacher=str(work / "teacher"), student_num_layers=2, dataset=str(work / "problems.jsonl"),
+        num_train_prompts=4, num_eval_problems=4, eval_max_new_tokens=6, eval_batch_size=2,
+        eval_cache_dir=str(tmp_path / "shared"), eval_teacher_top_k=8, eval_on_policy_divergence=False,
+    )
+
+    def args(name):
+        return RockOPDConfig(output_dir=str(tmp_path / name), max_steps=1, per_device_train_batch_size=2,
+                             max_new_tokens=4, save_strategy="no", report_to="none", rock_policy="uniform")
+
+    first = run_distillation(script, args("a")).report["eval"]
+    caches = [name for name in os.listdir(tmp_path / "shared") if name.endswith(".parquet")]
+    assert len(caches) == 1 and caches[0].startswith("teacher_reference.top8.")
+    made = os.path.getmtime(tmp_path / "shared" / caches[0])
+    for when in ("before", "after"):
+        assert first[when]["teacher_forced_divergence"] > 0
+        assert first[when]["mean_divergence"] is None  # no on-policy scoring asked for
+    second = run_distillation(script, args("b")).report["eval"]
+    assert os.path.getmtime(tmp_path / "shared" / caches[0]) == made  # scored once, read back
+    assert second["before"]["teacher_forced_divergence"] == first["before"]["teacher_forced_divergence"]

@@ -100,14 +100,14 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
     script = train_args = reference = None
     if args.distill_config is not None:
         from ..distill import load_distill_data
-        from ..distill.evaluation import distill_teacher_reference
+        from ..distill.evaluation import distill_teacher_reference, evaluation_dir
         from ..evaluation.teacher_reference import TEACHER_REFERENCE_NAME
 
         script, train_args = _distill_settings(args.distill_config)
         data = load_distill_data(script, seed=train_args.seed)  # the held-out problems distill will draw
         if not data.problems:
             raise ValueError(f"{args.distill_config!r} holds out no problems (num_eval_problems=0): nothing to cache.")
-        reference_path = os.path.join(train_args.output_dir, TEACHER_REFERENCE_NAME)
+        reference_path = os.path.join(evaluation_dir(script, train_args), TEACHER_REFERENCE_NAME)
         if args.teacher_server_url is not None and not os.path.isfile(reference_path):
             raise ValueError(
                 f"A served teacher cannot generate the reference completions, and {reference_path!r} does not exist: "
@@ -136,7 +136,7 @@ def teacher_cache(args: TeacherCacheArguments) -> int:
         resolved = resolve_causal_lm(name)
         pack_for_inference(resolved.model, skip=())
         if reference is None:
-            os.makedirs(train_args.output_dir, exist_ok=True)
+            os.makedirs(evaluation_dir(script, train_args), exist_ok=True)
             reference = distill_teacher_reference(resolved.model, resolved.tokenizer, data.problems, script, train_args)
         source, fingerprint = ModelTopKTeacher(resolved.model, args.top_k), model_fingerprint(resolved.model)
         vocab = resolved.model.config.vocab_size

@@ -70,6 +70,13 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
             Folder for the teacher's reference answers and the base student's evaluation, reused when made with the
             same settings: runs that compare policies on the same problems share it and compute each once. `None`:
             the output directory.
+        eval_teacher_top_k (`int` or `None`, *optional*, defaults to `None`):
+            Score the teacher-forced divergence against the teacher's top-k log-probabilities on its reference,
+            computed once and cached in `eval_cache_dir` (the tail-bin divergence, 1-2 % below the full one at
+            k = 64): later evaluations run only the student. `None`: the full divergence, the teacher run each time.
+        eval_on_policy_divergence (`bool`, *optional*, defaults to `True`):
+            Also score the student's own completions against the teacher (a teacher forward per evaluation); off for
+            long evaluations whose verdict is accuracy and the teacher-forced divergence.
         checkpoint_eval_problems (`int`, *optional*, defaults to `0`):
             At step 0 and at each saved checkpoint, evaluate the first N evaluation problems
             (`checkpoint_evals.jsonl`, the curves of a long run); 0: no checkpoint evaluation.
@@ -108,6 +115,14 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
         metadata={"help": "Folder for the teacher's reference and the base student's evaluation, shared by runs on "
                   "the same problems (default: the output directory)."},
     )
+    eval_teacher_top_k: int | None = field(
+        default=None,
+        metadata={"help": "Teacher-forced divergence against a top-k cache of the teacher on its reference, made once "
+                  "(default: the full divergence, the teacher run at each evaluation)."},
+    )
+    eval_on_policy_divergence: bool = field(
+        default=True, metadata={"help": "Also score the student's own completions against the teacher."}
+    )
     checkpoint_eval_problems: int = field(
         default=0, metadata={"help": "Evaluate the first N problems at step 0 and each saved checkpoint (0: never)."}
     )
@@ -143,6 +158,7 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
             raise ValueError(
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
+        check_at_least(self, "eval_teacher_top_k")
         for name in ("num_validation_problems", "checkpoint_eval_problems"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -82,17 +82,54 @@ def outside_teacher(script: DistillArguments, args: RockOPDConfig, reference: st
     return ", ".join(part for part in (served, args.teacher_cache and f"cache {args.teacher_cache}") if part)
 
 
-def evaluation_teachers(teacher, args: RockOPDConfig, tokenizer) -> tuple[Any, Any]:
+def evaluation_teachers(teacher, args: RockOPDConfig, tokenizer, script: DistillArguments | None = None,
+                        reference=None) -> tuple[Any, Any]:
     """(on-policy teacher, teacher-forced source) of the evaluations: the in-process model for both; else the served
-    teacher (through the cache, when one is given) for both, or with a cache alone no on-policy divergence."""
+    teacher (through the cache, when one is given) for both, or with a cache alone no on-policy divergence.
+
+    With an in-process teacher and `script.eval_teacher_top_k`, the teacher-forced source is a top-k cache of the
+    teacher on its own `reference` (`teacher_forced_cache`), and with `script.eval_on_policy_divergence` off there is
+    no on-policy teacher: an evaluation then runs no teacher forward at all."""
     if teacher is not None:
-        return teacher, None
+        if script is None or not script.eval_teacher_top_k or reference is None:
+            return teacher, None
+        on_policy = teacher if script.eval_on_policy_divergence else None
+        return on_policy, teacher_forced_cache(teacher, reference, script, args)
     from ..teachers import connect_teacher_source
 
     source = connect_teacher_source(args, tokenizer)
     if args.teacher_server_url is None:
         return None, source  # a cache holds the reference's sequences, not the student's new ones
     return source, None
+
+
+def teacher_forced_cache(teacher, reference, script: DistillArguments, args: RockOPDConfig):
+    """The teacher's top-`eval_teacher_top_k` log-probabilities on its own reference completions, scored once and kept
+    in `evaluation_dir` (`hf_rockopd.teachers.TeacherCache`; rebuilt when made with other settings or weights), as a
+    teacher source: every evaluation's teacher-forced divergence then needs only the student's forward (the tail-bin
+    divergence, `hf_rockopd.losses.sparse_divergence`; 1-2 % below the full one at k = 64, docs/teacher.md)."""
+    from ..evaluation.teacher_reference import model_fingerprint
+    from ..models.introspection import vocab_size
+    from ..teachers import CacheSettings, CachedTeacher, ModelTopKTeacher, TeacherCache
+
+    k = script.eval_teacher_top_k
+    path = os.path.join(evaluation_dir(script, args), f"teacher_reference.top{k}.{reference.fingerprint()}.parquet")
+    settings = CacheSettings(teacher=script.teacher, top_k=k, vocab_size=vocab_size(teacher),
+                             temperature=float(args.loss_temperature), teacher_fingerprint=model_fingerprint(teacher))
+    expected = {name: getattr(settings, name) for name in ("teacher", "top_k", "vocab_size", "temperature",
+                                                           "teacher_fingerprint")}
+    cache = None
+    if os.path.isfile(path):
+        try:
+            cache = TeacherCache.load(path, **expected)
+        except ValueError:
+            cache = None
+    sequences = [list(p) + list(c) for p, c in zip(reference.prompt_ids, reference.completion_ids)]
+    if cache is None or any(cache.lookup(s) is None for s in sequences if len(s) > 1):
+        source = ModelTopKTeacher(teacher, k, temperature=float(args.loss_temperature))
+        cache = TeacherCache.build(source, sequences, settings, path, batch_size=script.eval_batch_size,
+                                   show_progress=True)
+    return CachedTeacher(cache)
 
 
 def evaluation_key(model, problems, reference, script: DistillArguments, args: RockOPDConfig) -> dict[str, Any]:

@@ -291,7 +291,7 @@ def run_distillation(
                 reference = distill_teacher_reference(teacher.model, tokenizer, problems, script, args)
             else:
                 reference = TeacherReference.load(reference_path)
-            eval_teachers = evaluation_teachers(teacher.model, args, tokenizer)
+            eval_teachers = evaluation_teachers(teacher.model, args, tokenizer, script, reference)
             before_key = evaluation_key(student, problems, reference, script, args)
             before = load_cached_evaluation(os.path.join(evaluation_dir(script, args), BEFORE_CACHE_NAME), before_key)
             if before is not None:
