@@ -41,6 +41,7 @@ MODULES = {
     "ablate": "ablate",
     "serve-teacher": "serve",
     "teacher-cache": "teacher_cache",
+    "verdict": "verdict",
 }
 
 

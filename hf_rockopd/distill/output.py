@@ -148,6 +148,8 @@ def distill_report(
         "training": {
             **{name: getattr(args, name) for name in TRAINING_FIELDS if hasattr(args, name)},
             "train_seconds": round(train_seconds, 1),
+            # The optimizer steps really taken (a resumed run counts its earlier sittings' steps too).
+            "global_step": trainer.state.global_step,
             "lora": lora_settings(model_args),
         },
         "eval": {"before": before, "after": after},

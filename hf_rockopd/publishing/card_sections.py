@@ -266,6 +266,36 @@ def _install_command(report: Mapping[str, Any], version: str) -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
+def _interval(row: Mapping[str, Any]) -> str:
+    return f"{row['estimate']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
+
+
+def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The held-out verdict written by `hf-rockopd verdict` (None: the run was not judged that way)."""
+    if not verdict:
+        return None
+    teacher = verdict.get("teacher_accuracy")
+    gap = verdict.get("gap_closed")
+    rocks = verdict.get("p_value_rocks_vs_uniform")
+    return {
+        "num_problems": verdict["num_eval_problems"],
+        "steps": verdict["steps"],
+        "policy": verdict["policy"],
+        "before": _interval(verdict["before"]),
+        "after": _interval(verdict["after"]),
+        "teacher": f"{teacher:.3f}" if teacher is not None else "—",
+        "p_value": f"{verdict['p_value_vs_before']:.2g}",
+        "gained": verdict["vs_before"]["only_first"],
+        "lost": verdict["vs_before"]["only_second"],
+        "gap_closed": f"{100 * gap:.0f} %" if gap is not None else None,
+        "tf_before": _number(verdict.get("tf_divergence_before")),
+        "tf_after": _number(verdict.get("tf_divergence_after")),
+        "cut": _number(verdict.get("cut_after")),
+        "loops": _number(verdict.get("loops_after")),
+        "rocks_vs_uniform": f"{rocks:.2g}" if rocks is not None else None,
+    }
+
+
 def card_sections(
     report: Mapping[str, Any], rock_tokens: Mapping[str, Any] | None, model_id: str | None
 ) -> dict[str, Any]:
@@ -297,6 +327,7 @@ def card_sections(
         evaluation = {"rows": rows, "settings": _eval_settings(before, after), "missing": missing}
     rows, empty_reason = _rock_rows(rock_tokens)
     name = str(teacher["name"])
+    verdict = _verdict(report.get("verdict"))
     version = report.get("hf_rockopd_version") or __version__
     model_id, load_hint = _how_to_fill(model_id, str(student["name"]))
     return {
@@ -311,6 +342,7 @@ def card_sections(
         "settings": setting_rows(report),
         "rock_tokens": {"rows": rows, "step": (rock_tokens or {}).get("step"), "empty_reason": empty_reason},
         "evaluation": evaluation,
+        "verdict": verdict,
         "load_snippet": _load_snippet(model_id, student),
         "load_hint": load_hint,
         "install": _install_command(report, version),

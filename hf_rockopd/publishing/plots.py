@@ -33,7 +33,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["PANELS", "first_freeze_step", "plot_training_curves"]
+__all__ = ["PANELS", "first_freeze_step", "plot_checkpoint_curves", "plot_training_curves"]
 
 # (panel title, [(logged key, legend label)], y-axis label). Keys not listed here get a panel of their own when they are
 # `rock/` or `completions/` metrics; `train_*` summaries and `epoch` are never drawn.
@@ -162,6 +162,59 @@ def plot_training_curves(
             ax.legend(fontsize=7)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def plot_checkpoint_curves(
+    curves: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str | None = None,
+    teacher_accuracy: float | None = None,
+) -> str:
+    """Held-out accuracy (with its Wilson interval) and teacher-forced divergence against the optimizer step, one line
+    per run (`curves` maps a run's name to its `checkpoint_evals.jsonl` rows), to the PNG `path`.
+
+    Example:
+    ```python
+    from hf_rockopd.distill.checkpoints import read_checkpoint_evals
+    from hf_rockopd.publishing.plots import plot_checkpoint_curves
+    plot_checkpoint_curves({p: read_checkpoint_evals(f"runs/{p}/checkpoint_evals.jsonl") for p in ("uniform", "rock")},
+                           "curves.png")
+    ```
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(9.6, 3.4), layout="constrained")
+    if title:
+        figure.suptitle(title, fontsize=10)
+    accuracy_axis, divergence_axis = figure.subplots(1, 2)
+    for name, rows in curves.items():
+        rows = [r for r in rows if r.get("accuracy") is not None]
+        if not rows:
+            continue
+        steps = [r["step"] for r in rows]
+        line = accuracy_axis.plot(steps, [r["accuracy"] for r in rows], marker="o", markersize=3, label=name)[0]
+        accuracy_axis.fill_between(steps, [r["accuracy_low"] for r in rows], [r["accuracy_high"] for r in rows],
+                                   color=line.get_color(), alpha=0.12)
+        divergence = [(r["step"], r["teacher_forced_divergence"]) for r in rows
+                      if r.get("teacher_forced_divergence") is not None]
+        if divergence:
+            divergence_axis.plot(*zip(*divergence), marker="o", markersize=3, label=name, color=line.get_color())
+    if teacher_accuracy is not None:
+        accuracy_axis.axhline(teacher_accuracy, color="gray", linestyle="--", linewidth=1, label="teacher")
+    size = next((r.get("num_problems") for rows in curves.values() for r in rows), None)
+    accuracy_axis.set_title(f"accuracy on {size} held-out problems (95 % Wilson band)" if size else "accuracy",
+                            fontsize=9)
+    accuracy_axis.set_ylim(0, 1)
+    divergence_axis.set_title("teacher-forced divergence (student on the teacher's answers)", fontsize=9)
+    for ax in (accuracy_axis, divergence_axis):
+        ax.set_xlabel("optimizer step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.savefig(path, dpi=110)
