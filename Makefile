@@ -14,7 +14,7 @@ QWEN_STAMP := $(VENV)/.qwen-pair-installed
 # hf_rockopd.models.GGUF_SOURCES.
 QWEN_PAIR := Qwen/Qwen2.5-Coder-1.5B-Instruct Qwen/Qwen2.5-Coder-0.5B-Instruct
 
-.PHONY: test demo docs distill distill-qwen distill-served distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
+.PHONY: test demo docs distill distill-qwen distill-served distill-long distill-smollm2 ablate-qwen install install-qwen gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -61,6 +61,17 @@ distill-qwen: distill
 # in memory (examples/configs/distill_qwen_served.yaml, docs/teacher.md).
 distill-served: $(QWEN_STAMP)
 	examples/distill_served.sh examples/configs/distill_qwen_served.yaml $(VENV)/bin
+
+# The real-budget run (hours on 2 CPU cores, examples/reports/real_budget/): 200 steps per token policy at an identical
+# budget, uniform then rock_online, sharing the teacher's reference and the base student's evaluation, then the
+# held-out verdict. Every command resumes where it stopped: after a stop, run `make distill-long` again.
+LONG_CONFIG := examples/configs/distill_qwen_long.yaml
+distill-long: $(QWEN_STAMP)
+	$(VENV)/bin/hf-rockopd distill --config $(LONG_CONFIG) --rock_policy uniform --rock_policy_kwargs '{}' \
+		--output_dir runs/qwen-long/uniform
+	$(VENV)/bin/hf-rockopd distill --config $(LONG_CONFIG)
+	$(VENV)/bin/hf-rockopd verdict --runs runs/qwen-long/uniform runs/qwen-long/rock_online \
+		--out runs/qwen-long/result.json
 
 # A fast check that the pipeline runs (SmolLM2-135M-Instruct -> a 24-layer copy, 10-18 minutes): not a result, its
 # pruned student loops before and after training (examples/reports/smollm2_loops/).

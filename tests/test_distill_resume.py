@@ -140,3 +140,41 @@ def test_cached_top_k_teacher_forced_divergence_without_on_policy_scoring(runs, 
     second = run_distillation(script, args("b")).report["eval"]
     assert os.path.getmtime(tmp_path / "shared" / caches[0]) == made  # scored once, read back
     assert second["before"]["teacher_forced_divergence"] == first["before"]["teacher_forced_divergence"]
+
+
+LONG_CONFIG = os.path.join(ROOT, "examples", "configs", "distill_qwen_long.yaml")
+GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k", "train.jsonl")
+
+
+def test_the_long_config_is_the_real_budget_and_both_policies_parse():
+    from hf_rockopd.commands.distill import parse_arguments
+
+    script, args, model_args = parse_arguments(["--config", LONG_CONFIG])
+    assert args.max_steps >= 200 and script.num_eval_problems >= 250 and script.verifier == "gsm8k"
+    assert str(args.save_strategy.value if hasattr(args.save_strategy, "value") else args.save_strategy) == "steps"
+    assert args.max_steps % args.save_steps == 0 and model_args.use_peft
+    assert args.rock_policy == "rock_online" and args.rock_policy_kwargs["warmup_steps"] == 20
+    assert script.eval_cache_dir and script.checkpoint_eval_problems <= script.num_eval_problems
+    # `make distill-long`'s uniform run: the same file, only the policy and the output directory differ.
+    uniform, uniform_args, _ = parse_arguments(["--config", LONG_CONFIG, "--rock_policy", "uniform",
+                                                "--rock_policy_kwargs", "{}", "--output_dir", "runs/x/uniform"])
+    assert uniform == script and uniform_args.rock_policy == "uniform" and uniform_args.rock_policy_kwargs == {}
+    assert uniform_args.learning_rate == args.learning_rate and uniform_args.seed == args.seed
+
+
+@pytest.mark.skipif(not os.path.isfile(GSM8K), reason="needs GSM8K's training split in ../shared/data")
+def test_long_run_split_keeps_held_out_validation_and_training_apart():
+    from hf_rockopd.commands.distill import parse_arguments
+    from hf_rockopd.distill import load_distill_data
+
+    script, args, _ = parse_arguments(["--config", LONG_CONFIG, "--dataset", GSM8K])
+    data = load_distill_data(script, seed=args.seed)
+    held_out, validation = set(data.eval_indices), set(data.validation_indices)
+    assert len(held_out) == 250 and len(validation) == 64 and not held_out & validation
+    questions = {row["question"] for row in map(json.loads, open(GSM8K))}
+    train = {m["messages"][0]["content"] for m in data.train}
+    assert len(train) == len(data.train) == 800 and train <= questions
+    evaluated = {p[0][-1]["content"] for p in data.problems} | {p[0][-1]["content"] for p in data.validation}
+    assert not train & evaluated
+    script.eval_on = "validation"
+    assert load_distill_data(script, seed=args.seed).eval_indices == data.validation_indices
