@@ -84,7 +84,7 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
         > Trainer
 
         trainer (`str`, *optional*, defaults to `"gkd"`):
-            `"gkd"`: [`~hf_rockopd.RockOPDTrainer`] (TRL's `GKDTrainer`; every published number of the README).
+            `"gkd"`: [`~hf_rockopd.RockOPDTrainer`] (TRL's `GKDTrainer`; every published number of docs/distill.md).
             `"distillation"`: [`~hf_rockopd.RockDistillationTrainer`] (TRL's stable `DistillationTrainer`: vLLM
             generation, tool calling); the training options are carried over (`max_new_tokens` becomes
             `max_completion_length`), and `lmbda`/`seq_kd` must keep their on-policy defaults.

@@ -70,7 +70,7 @@ __all__ = ["DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "DistillArgume
 
 
 # Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to
-# finish within 15 minutes on 2 CPU cores (see the README). A YAML `--config` or any flag overrides them.
+# finish within 15 minutes on 2 CPU cores (docs/distill.md). A YAML `--config` or any flag overrides them.
 DEFAULT_TRAINING_ARGS: dict[str, Any] = {
     "output_dir": "runs/smollm2-rockopd",
     "max_steps": 20,

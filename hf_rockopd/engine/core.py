@@ -91,7 +91,7 @@ def check_supported_setup(
     args: Any, trainer_name: str = "RockOPDTrainer", fsdp2: bool = False, peft: bool = False
 ) -> None:
     """Refuse process set-ups in which the loss would be wrong, each process would train on its own, or that have not
-    been run (see the README's distributed matrix). Called before any model is loaded.
+    been run (see the distributed matrix, docs/distributed.md). Called before any model is loaded.
 
     `fsdp2`: the trainer shards its teacher and checks its accelerator under FSDP2 (both rock-token trainers do, see
     `engine.sharding`); any other trainer is refused FSDP outright, since it has not been run with it. `peft`: the

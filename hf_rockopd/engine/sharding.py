@@ -106,8 +106,8 @@ def _fsdp_settings(args: Any) -> dict[str, Any]:
 
 
 def check_fsdp_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> None:
-    """Before any model loads: refuse FSDP1 and the FSDP2 options that have not been run (see the README's
-    distributed matrix). Nothing to check without FSDP.
+    """Before any model loads: refuse FSDP1 and the FSDP2 options that have not been run (see the distributed
+    matrix, docs/distributed.md). Nothing to check without FSDP.
 
     Example:
     ```python
@@ -140,7 +140,7 @@ def check_fsdp_setup(args: Any, trainer_name: str = "RockOPDTrainer") -> None:
         raise ValueError(
             f"{trainer_name} under FSDP2 has been run with full sharding only (reshard_after_forward=True, no "
             f"offload, no FSDP activation checkpointing); this run sets {', '.join(untested)}. Remove it from "
-            "fsdp_config (see the README's distributed matrix)."
+            "fsdp_config (see the distributed matrix, docs/distributed.md)."
         )
 
 

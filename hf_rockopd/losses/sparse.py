@@ -115,7 +115,7 @@ def tail_bin_log_probs(
     covered = torch.zeros_like(student_log_probs).scatter_add_(-1, safe_ids, valid.to(student_log_probs.dtype)) > 0
     student_tail = torch.logsumexp(student_log_probs.masked_fill(covered, -math.inf), dim=-1, keepdim=True)
     # float32 at least; a float64 teacher stays float64 (and the result with it): the tail's precision is the listed
-    # values' (see `_TAIL_FLOOR` and the README on float32 wire values).
+    # values' (see `_TAIL_FLOOR` and docs/teacher.md on float32 wire values).
     dtype = torch.promote_types(teacher_log_probs.dtype, torch.float32)
     teacher = teacher_log_probs.to(dtype).masked_fill(~valid, -math.inf)
     # log(1 − exp(lse)) through expm1 in float64: `1 − Σ exp` loses the tail's digits when the listed mass is near 1.

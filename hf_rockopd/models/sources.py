@@ -124,7 +124,7 @@ class GgufSource:
 
 
 # The offline models. Split files: the publisher states no licence in the wheels; the upstream models are Apache-2.0.
-# Sizes and checksums were measured on the pinned versions (README, "Offline models"); quantization is each header's
+# Sizes and checksums were measured on the pinned versions (docs/installation.md); quantization is each header's
 # `general.file_type` (gguf's GGUFReader).
 GGUF_SOURCES: dict[str, GgufSource] = {
     source.repo_id: source

@@ -53,7 +53,7 @@ class RockTokenArguments:
             `hf_rockopd.policies.available_policies()`). A policy object passed to the trainer overrides it. The
             default keeps TRL's objective (every completion token weighted 1); rocks are opt-in (`"rock_online"`,
             `"rock_freeze"`, ...), since neither the paper at full scale nor our Qwen ablation found freezing to help
-            quality (README, "Does freezing rocks help your pair?").
+            quality (docs/ablate.md).
         rock_policy_kwargs (`dict[str, Any]` or `str`, *optional*):
             Keyword arguments of the policy, as a dict or a JSON object string.
         rock_probe_fraction (`float`, *optional*, defaults to `0.0`):
@@ -72,7 +72,7 @@ class RockTokenArguments:
         loss_temperature (`float`, *optional*, defaults to `1.0`):
             Temperature of the distributions inside the divergence (the paper: 1).
 
-        > Parameters that control a teacher outside the trainer (README, "Teacher outside the trainer")
+        > Parameters that control a teacher outside the trainer (docs/teacher.md)
 
         teacher_server_url (`str` or `dict[str, str]`, *optional*):
             Base URL of a served teacher speaking vLLM's `/v1/completions` with `prompt_logprobs` (`vllm serve
@@ -287,7 +287,7 @@ class RockTokenArguments:
             if k is None:
                 raise ValueError(
                     "teacher_top_k is required with teacher_server_url: the number of log-probabilities the server "
-                    "returns per position (vLLM's prompt_logprobs; see the README's k table for what k costs)."
+                    "returns per position (vLLM's prompt_logprobs; what k costs: docs/teacher.md)."
                 )
             if self.loss_temperature != 1.0:
                 raise ValueError(

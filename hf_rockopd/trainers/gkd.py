@@ -71,7 +71,7 @@ class RockOPDTrainer(RockTrainerMixin, GKDTrainer):
     only for the positions that carry weight, `loss_chunk_size` rows at a time, so frozen tokens cost nothing and the
     full `(batch, length, vocab)` logits never exist.
 
-    Differences from `GKDTrainer` a user can see (the README's "Differences" table lists them all): `compute_metrics`
+    Differences from `GKDTrainer` a user can see (docs/trainers.md's "Differences" table lists them all): `compute_metrics`
     and `preprocess_logits_for_metrics` are refused (evaluation returns no logits), and `compute_loss(...,
     return_outputs=True)` returns a [`~hf_rockopd.trainers.common.RockLossOutput`] (per-position weights and
     divergences) instead of the student's full outputs.
