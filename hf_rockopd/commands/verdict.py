@@ -31,8 +31,10 @@ class VerdictArguments:
     Example:
     ```python
     >>> from hf_rockopd.commands.verdict import VerdictArguments
-    >>> VerdictArguments(runs=["runs/uniform", "runs/rock"], out="result.json").baseline
-    'uniform'
+    >>> VerdictArguments(runs=["runs/nowhere"], out="result.json")
+    Traceback (most recent call last):
+    ...
+    ValueError: Not finished distill runs: runs/nowhere/run_report.json, ... missing. Finish each run first (...).
     ```
     """
 

@@ -15,11 +15,11 @@ Example:
 >>> out = tempfile.mkdtemp()
 >>> check_resume(out, {"learning_rate": 1e-4}) is None  # nothing to resume: a fresh run
 True
->>> record_run_settings(out, {"learning_rate": 1e-4})  # once the run really starts
+>>> record_run_settings(out, {"learning_rate": 1e-4})  # once training starts
 >>> check_resume(out, {"learning_rate": 3e-4})
 Traceback (most recent call last):
 ...
-ValueError: The output directory ... was started with other settings (learning_rate: 0.0001 -> 0.0003) ...
+ValueError: The output directory ... was started with other settings (learning_rate: 0.0001 -> 0.0003): resuming ...
 ```
 """
 

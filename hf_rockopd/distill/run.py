@@ -281,7 +281,6 @@ def run_distillation(
         problems = data.problems or None
         # Only now: a bad dataset, model or policy must not leave an empty output directory behind.
         os.makedirs(args.output_dir, exist_ok=True)
-        record_run_settings(args.output_dir, settings)
         os.makedirs(evaluation_dir(script, args), exist_ok=True)
         before = after = reference = None
         checkpoint_eval = None
@@ -326,6 +325,8 @@ def run_distillation(
             "training", (f"{args.max_steps} steps" if args.max_steps > 0 else f"{args.num_train_epochs} epochs")
             + (f", resuming from {resume_from}" if resume_from else "")
         )
+        # From here on the directory holds this run's checkpoints: a rerun must have its settings to resume them.
+        record_run_settings(args.output_dir, settings)
         train_started = time.perf_counter()
         with quiet_training():
             trainer.train(resume_from_checkpoint=resume_from)
