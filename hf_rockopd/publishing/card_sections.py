@@ -202,8 +202,14 @@ def _rock_rows(rock_tokens: Mapping[str, Any] | None) -> tuple[list[dict[str, An
     return rows, empty
 
 
+# Bases whose model cards on the Hub state Apache-2.0 (the larger Qwen2.5-Coder sizes do not all: 3B is
+# qwen-research), matched by name.
+_APACHE_BASES = ("SmolLM2", "Qwen2.5-Coder-0.5B", "Qwen2.5-Coder-1.5B")
+
+
 def default_license(report: Mapping[str, Any]) -> str:
-    """The report's `license`, else `apache-2.0` for a SmolLM2 student, else `other` (with a warning).
+    """The report's `license`, else `apache-2.0` for a SmolLM2 or Qwen2.5-Coder 0.5B/1.5B student, else `other` (with
+    a warning, once).
 
     Example:
     ```python
@@ -215,9 +221,10 @@ def default_license(report: Mapping[str, Any]) -> str:
     if report.get("license"):
         return str(report["license"])
     base = str(report["student"].get("base_model") or "")
-    if "SmolLM2" in base:
+    if any(name in base for name in _APACHE_BASES):
         return "apache-2.0"
-    logger.warning(
+    # Once per process: a run that saves a checkpoint every N steps renders a card each time.
+    logger.warning_once(
         f"No license given for a student of {base!r}; the card says 'other'. Pass license=... (the base model's)."
     )
     return "other"
