@@ -62,6 +62,11 @@ class VerdictArguments:
             )
 
 
+def _short(name: str) -> str:
+    """A model's last name component: a Hub id's repository, a local folder's name (no local path in a figure)."""
+    return os.path.basename(os.path.normpath(name))
+
+
 def _read(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -104,7 +109,8 @@ def verdict(args: VerdictArguments) -> int:
     curves = {policies[run]: read_checkpoint_evals(os.path.join(run, CHECKPOINT_EVALS_NAME)) for run in args.runs}
     if any(curves.values()):
         plot_checkpoint_curves(curves, os.path.join(os.path.dirname(os.path.abspath(args.out)), "curves.png"),
-                               title=f"{result['pair']['student']} distilled from {result['pair']['teacher']}",
+                               title=f"{_short(result['pair']['student'])} distilled from "
+                               f"{_short(result['pair']['teacher'])}, {result['steps']} steps",
                                teacher_accuracy=result["teacher_accuracy"])
     for run, report in reports.items():
         policy = policies[run]
