@@ -86,7 +86,8 @@ def verdict(args: VerdictArguments) -> int:
     befores = {run: _read(os.path.join(run, "eval_before.json")) for run in args.runs}
     first = args.runs[0]
     for run in args.runs[1:]:
-        same = [r.get("correct") for r in befores[run]["records"]] == [r.get("correct") for r in befores[first]["records"]]
+        flags = [[r.get("correct") for r in befores[name]["records"]] for name in (run, first)]
+        same = flags[0] == flags[1]
         if not same or reports[run]["teacher"]["name"] != reports[first]["teacher"]["name"]:
             raise ValueError(
                 f"{run} and {first} were not evaluated on the same base student, teacher and problems; a verdict "
