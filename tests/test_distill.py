@@ -158,6 +158,44 @@ def test_lora_run_saves_an_adapter(tiny_run):
     assert ModelCard.load(run / "README.md").data.library_name == "peft"
 
 
+def test_a_lora_run_folder_loads_merged_for_the_commands(tiny_run):
+    """`hf-rockopd eval/lab --model <a LoRA run>`: the adapter merged into its base cut to the kept layers gives
+    peft's own outputs; weights the base cannot place are refused."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from hf_rockopd.commands.loading import LoadingArguments, load_model, load_tokenizer
+    from hf_rockopd.models import prune_decoder_layers
+    from hf_rockopd.models.adapters import load_merged_adapter
+
+    tmp_path, script, args = tiny_run
+    result = run_distillation(script(skip_eval=True, num_eval_problems=0), args(),
+                              StudentModelConfig(use_peft=True, lora_r=4, lora_alpha=8))
+    run = tmp_path / "run"
+    kept = result.report["student"]["kept_layers"]
+    assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tmp_path / "teacher")
+    merged = load_model(str(run), LoadingArguments())
+    assert merged.config.num_hidden_layers == len(kept) == 2 and not hasattr(merged, "peft_config")
+    base = prune_decoder_layers(AutoModelForCausalLM.from_pretrained(tmp_path / "teacher"), kept)
+    reference = PeftModel.from_pretrained(base, run).eval()
+    ids = torch.tensor([[5, 9, 13, 21, 34]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, reference(ids).logits, atol=1e-5, rtol=1e-4)
+    assert load_tokenizer(str(run)).vocab_size == load_tokenizer(str(tmp_path / "teacher")).vocab_size
+    # An adapter whose weights its base cannot place is refused, never merged in part.
+    from safetensors.torch import save_file
+
+    weights = load_file(run / "adapter_model.safetensors")
+    save_file({key.replace("layers.1.", "layers.7."): value for key, value in weights.items()},
+              run / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="does not fit its base"):
+        load_merged_adapter(run, kept_layers=kept, with_tokenizer=False)
+    with pytest.raises(ModelNotFoundError, match="holds a LoRA adapter"):
+        from hf_rockopd.models import resolve_causal_lm
+
+        resolve_causal_lm(str(run))
+
+
 def test_lora_run_with_packed_frozen_layers_equals_the_dense_run(tiny_run, monkeypatch, capsys):
     """On one CPU process the teacher and the student's frozen base layers are oneDNN-packed (the packed CPU decode):
     the losses, the evaluation answers and the trained adapter equal those of the same run with packing off."""
@@ -193,7 +231,8 @@ def test_4bit_student_trains_lora_adapters(tiny_run):
     assert result.report["student"]["load_in_4bit"] is True and result.report["student"]["adapter"] is True
     assert result.report["training"]["lora"]["load_in_4bit"] is True
     assert (run / "adapter_model.safetensors").is_file() and not (run / "model.safetensors").exists()
-    from safetensors.torch import load_file
+    # The adapter names the model it belongs to, not the temporary folder the 4-bit base was quantized from.
+    assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tmp_path / "teacher")
 
     adapter = load_file(run / "adapter_model.safetensors")
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapter.items())  # the adapters moved from zero

@@ -37,22 +37,47 @@ class LoadingArguments:
 def load_model(name: str, loading: LoadingArguments):
     """A model by path or Hub id, found offline where possible (`hf_rockopd.models.resolve_causal_lm`), for inference.
 
-    These commands only run models forward, so on CPU the linear layers are oneDNN-packed (`pack_for_inference`,
+    A LoRA adapter folder (`hf-rockopd distill --use_peft`'s output) is merged into its base, cut to the layers its
+    `run_report.json` says the student kept. These commands only run models forward, so on CPU the linear layers are oneDNN-packed (`pack_for_inference`,
     benchmarks/decode.py): the same outputs to float32 rounding, generation 2-2.5x faster on small batches.
     """
     import torch
 
     from ..models import pack_for_inference, resolve_causal_lm
 
-    model = resolve_causal_lm(name, dtype=getattr(torch, loading.dtype), with_tokenizer=False).model.to(loading.device)
+    from ..models.adapters import is_adapter_dir, load_merged_adapter
+
+    dtype = getattr(torch, loading.dtype)
+    if is_adapter_dir(name):
+        model = load_merged_adapter(name, dtype=dtype, kept_layers=_kept_layers(name), with_tokenizer=False).model
+    else:
+        model = resolve_causal_lm(name, dtype=dtype, with_tokenizer=False).model
+    model = model.to(loading.device)
     pack_for_inference(model, skip=())  # the head too: nothing here reads its weight, only calls it
     return model
 
 
-def load_tokenizer(name: str):
-    """The tokenizer of a path or Hub id, looked up locally first (`hf_rockopd.models.resolve_tokenizer`)."""
-    from ..models import resolve_tokenizer
+def _kept_layers(adapter_dir: str) -> list[int] | None:
+    """The decoder layers of its base that an adapter's student kept, from the run's `run_report.json` if it has one."""
+    import os
 
+    from ..publishing.run_report import RUN_REPORT_NAME, load_run_report
+
+    if not os.path.isfile(os.path.join(adapter_dir, RUN_REPORT_NAME)):
+        return None
+    return (load_run_report(adapter_dir).get("student") or {}).get("kept_layers")
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of a path or Hub id, looked up locally first (`hf_rockopd.models.resolve_tokenizer`); an adapter
+    folder without one of its own gives its base's."""
+    import os
+
+    from ..models import resolve_tokenizer
+    from ..models.adapters import adapter_base_name, is_adapter_dir
+
+    if is_adapter_dir(name) and not os.path.isfile(os.path.join(os.path.expanduser(name), "tokenizer_config.json")):
+        name = adapter_base_name(name)
     return resolve_tokenizer(name)
 
 

@@ -212,6 +212,9 @@ def _load_models(
         path = os.path.join(work_dir, "student_init")
         model.save_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization)
+        # Named by its base, as an unquantized student is: the saved adapter's `base_model_name_or_path` must name a
+        # model a user can load, not this temporary folder.
+        model.name_or_path = model.config.name_or_path = base_name
     return teacher, model, info
 
 

