@@ -9,9 +9,9 @@ the statistics and rock sets the ranks hold: that is what "statistics are global
 import importlib.util
 import math
 import os
-import subprocess
 import sys
 
+import launching
 import pytest
 import torch
 
@@ -70,8 +70,7 @@ def ranks(tmp_path_factory, request):
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", SCRIPT, str(out), request.param,
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launching.finish(launching.launch(cmd, out / "console.log", cwd=ROOT, env=env), timeout=600)
     dumps = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     return out, dumps
 

@@ -15,9 +15,9 @@ script switches its accelerator state to FSDP (the only patch; see its docstring
 """
 
 import os
-import subprocess
 import sys
 
+import launching
 import pytest
 import torch
 
@@ -30,7 +30,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "fsdp_train.py")
 TOL = dict(rtol=0, atol=1e-5)  # float32, the same global batch: reduction order is the only difference
 
 
-def launch(out, mode, *extra, kind="gkd", expect_ok=True):
+def launch(out, mode, *extra, kind="gkd", expect_ok=True, log="console"):
     os.makedirs(out, exist_ok=True)
     extra = (*extra, "--kind", kind)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
@@ -39,16 +39,10 @@ def launch(out, mode, *extra, kind="gkd", expect_ok=True):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", SCRIPT, str(out), mode, *extra]
     else:
         cmd = [sys.executable, SCRIPT, str(out), mode, *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, expect_ok
+    return launching.launch(cmd, os.path.join(out, f"{log}.log"), cwd=ROOT, env=env, expect_ok=expect_ok)
 
 
-def finish(started, timeout=1800):
-    proc, expect_ok = started
-    output, _ = proc.communicate(timeout=timeout)
-    if expect_ok:
-        assert proc.returncode == 0, output[-4000:]
-    return proc.returncode
+finish = launching.finish
 
 
 def dumps(out, ranks=(0, 1)):
@@ -76,7 +70,7 @@ def resume(tmp_path_factory, request):
     assert finish(killed) != 0
     checkpoint = base / "kill" / "checkpoint-2"
     assert checkpoint.is_dir() and not (base / "kill" / "checkpoint-3").exists()
-    finish(launch(base / "kill", "fsdp", *common, "--resume", str(checkpoint), kind=kind))
+    finish(launch(base / "kill", "fsdp", *common, "--resume", str(checkpoint), kind=kind, log="resumed"))
     return dumps(base / "full"), dumps(base / "kill")
 
 

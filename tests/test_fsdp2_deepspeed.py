@@ -10,9 +10,9 @@ loss projects outside the model's forward.
 """
 
 import os
-import subprocess
 import sys
 
+import launching
 import pytest
 import torch
 from trainer_kinds import KINDS
@@ -29,8 +29,8 @@ def run(out, mode, kind, *extra):
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"] if mode != "single" else [
         sys.executable]
-    return subprocess.Popen([*launcher, SCRIPT, str(out), mode, "--kind", kind, *extra], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return launching.launch([*launcher, SCRIPT, str(out), mode, "--kind", kind, *extra], os.path.join(out, "console.log"),
+                            cwd=ROOT, env=env)
 
 
 def run_both(tmp_path, kind, zero, *extra):
@@ -38,8 +38,7 @@ def run_both(tmp_path, kind, zero, *extra):
     procs = [run(tmp_path / "deepspeed", "deepspeed", kind, "--zero", str(zero), *extra),
              run(tmp_path / "single", "single", kind, *extra)]  # fmt: skip
     for proc in procs:
-        output, _ = proc.communicate(timeout=1800)
-        assert proc.returncode == 0, output[-4000:]
+        launching.finish(proc)
     ranks = [torch.load(tmp_path / "deepspeed" / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     return ranks, torch.load(tmp_path / "single" / "rank0.pt", weights_only=False)
 
