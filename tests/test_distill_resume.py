@@ -101,6 +101,7 @@ def test_killed_during_the_final_evaluation_resumes_at_its_batch(runs):
     assert len(journal.read_text().splitlines()) == 2  # the key and one finished batch
     resumed = run(work, work / "killed_eval")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "generate (1 batch resumed from eval_after.generate.jsonl)" in resumed.stderr
     _same_as_full(work, "killed_eval")
 
 

@@ -19,6 +19,7 @@ print(scores[0]["divergence"].mean())
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -186,7 +187,12 @@ def generate_completions(
     completion_ids: list[list[int]] = []
     # Progress in token slots (prompts x max_new_tokens), moved at every decoding step: a bar per batch sat at 0 for
     # minutes on a CPU. A batch that stops early jumps to its end.
-    bar = tqdm(total=len(prompts) * max_new_tokens, desc="generate", unit="tok", disable=not show_progress)
+    desc = "generate"
+    if journal is not None and len(journal):
+        # Said on the bar: a resumed run should show that it did not start again.
+        batches = f"{len(journal)} batch" + ("es" if len(journal) != 1 else "")
+        desc = f"generate ({batches} resumed from {os.path.basename(journal.path)})"
+    bar = tqdm(total=len(prompts) * max_new_tokens, desc=desc, unit="tok", disable=not show_progress)
     with eval_mode(model), bar:
         for start in range(0, len(prompts), batch_size):
             rows = len(prompts[start : start + batch_size])
