@@ -74,6 +74,20 @@ def dataset():
     return make_dataset()
 
 
+def write_distill_inputs(work, question: str = "What is {i} + 2?", n: int = 24) -> None:
+    """What a tiny `hf-rockopd distill` reads: a teacher saved with its tokenizer in `work/teacher` (4 layers, so a
+    2-layer student can be pruned from it) and `n` GSM8K-style problems in `work/problems.jsonl`, row `i` asking
+    `question.format(i=i)` with the reference `#### {i + 2}`."""
+    import json
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1).save_pretrained(work / "teacher")
+    tokenizer.save_pretrained(work / "teacher")
+    with open(work / "problems.jsonl", "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"question": question.format(i=i), "answer": f"#### {i + 2}"}) + "\n")
+
+
 # The tests' training settings, shared by both trainers' configs (the completion length is named per config).
 TRAIN_SETTINGS = dict(
     per_device_train_batch_size=4,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
+from conftest import write_distill_inputs
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,13 +29,7 @@ def run(work, output, kill="none"):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("distill_resume")
-    tokenizer = build_tiny_tokenizer()
-    build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1).save_pretrained(work / "teacher")
-    tokenizer.save_pretrained(work / "teacher")
-    with open(work / "problems.jsonl", "w") as f:
-        for i in range(24):
-            f.write(json.dumps({"question": f"Tom has {i} apples and buys 2 more. How many?",
-                                "answer": f"#### {i + 2}"}) + "\n")
+    write_distill_inputs(work, question="Tom has {i} apples and buys 2 more. How many?")
     full = run(work, work / "full")
     assert full.returncode == 0, full.stderr[-3000:]
     return work, full

@@ -7,22 +7,17 @@ import os
 import pytest
 from scipy import stats
 
+from conftest import write_distill_inputs
 from hf_rockopd import RockOPDConfig
 from hf_rockopd.cli import main as cli_main
 from hf_rockopd.distill import DistillArguments, run_distillation
-from hf_rockopd.models import build_tiny_causal_lm, build_tiny_tokenizer
 from hf_rockopd.publishing.model_card import write_model_card
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("verdict")
-    tokenizer = build_tiny_tokenizer()
-    build_tiny_causal_lm(tokenizer, hidden_size=64, num_hidden_layers=4, seed=1).save_pretrained(work / "teacher")
-    tokenizer.save_pretrained(work / "teacher")
-    with open(work / "problems.jsonl", "w") as f:
-        for i in range(24):
-            f.write(json.dumps({"question": f"What is {i} + 2?", "answer": f"#### {i + 2}"}) + "\n")
+    write_distill_inputs(work)
     script = DistillArguments(
         teacher=str(work / "teacher"), student_num_layers=2, dataset=str(work / "problems.jsonl"),
         num_train_prompts=8, num_eval_problems=6, eval_max_new_tokens=6, eval_batch_size=3, verifier="gsm8k",
