@@ -85,6 +85,9 @@ def test_killed_after_a_checkpoint_resumes_to_the_same_end(runs):
     # The second run reused the shared cache: no teacher generation, no base evaluation.
     assert "reused from" in resumed.stderr
     _same_as_full(work, "killed")
+    # This sitting's time covers the steps after the checkpoint only, and the report says from which step.
+    reports = [json.loads((work / name / "run_report.json").read_text())["training"] for name in ("full", "killed")]
+    assert [t["resumed_from_step"] for t in reports] == [0, 2] and reports[1]["global_step"] == 6
 
 
 def test_killed_during_the_final_evaluation_resumes_at_its_batch(runs):

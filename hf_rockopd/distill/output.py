@@ -107,11 +107,13 @@ def distill_report(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
     command: str | None,
+    resumed_from_step: int = 0,
 ) -> dict[str, Any]:
     """The run report of a distill run (schema: `hf_rockopd.publishing.run_report`), without `total_seconds`.
 
     `script`, `args` and `model_args` are the run's `DistillArguments`, trainer config and `StudentModelConfig`;
-    `before` and `after` the evaluations' dicts (or None).
+    `before` and `after` the evaluations' dicts (or None); `resumed_from_step` the checkpoint step this sitting resumed
+    from (0: trained from the start), `train_seconds` this sitting's training time.
 
     Example:
     ```python
@@ -147,9 +149,12 @@ def distill_report(
         "policy": {"name": args.rock_policy, "kwargs": dict(args.rock_policy_kwargs or {})},
         "training": {
             **{name: getattr(args, name) for name in TRAINING_FIELDS if hasattr(args, name)},
+            # This sitting's training time: a resumed run's earlier sittings are not in it, so its time per step is
+            # train_seconds / (global_step - resumed_from_step).
             "train_seconds": round(train_seconds, 1),
             # The optimizer steps really taken (a resumed run counts its earlier sittings' steps too).
             "global_step": trainer.state.global_step,
+            "resumed_from_step": resumed_from_step,
             "lora": lora_settings(model_args),
         },
         "eval": {"before": before, "after": after},

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config
 
@@ -330,6 +332,9 @@ def run_distillation(
         )
         # From here on the directory holds this run's checkpoints: a rerun must have its settings to resume them.
         record_run_settings(args.output_dir, settings)
+        # The step this sitting starts from: its training time covers only the steps after it.
+        resumed_step = TrainerState.load_from_json(os.path.join(resume_from, TRAINER_STATE_NAME)).global_step if (
+            resume_from) else 0
         train_started = time.perf_counter()
         with quiet_training():
             trainer.train(resume_from_checkpoint=resume_from)
@@ -338,7 +343,8 @@ def run_distillation(
         rock_ids = trainer.rock_policy.rock_ids() or []
 
         if problems:
-            phases("evaluating after training", f"{len(problems)} held-out problems, {len(rock_ids)} rock ids")
+            which = "validation" if script.eval_on == "validation" else "held-out"
+            phases("evaluating after training", f"{len(problems)} {which} problems, {len(rock_ids)} rock ids")
             model = trainer.accelerator.unwrap_model(trainer.model)
             after_key = evaluation_key(model, problems, reference, script, args)
             with packed_for_inference(model) if packing else nullcontext():
@@ -366,7 +372,7 @@ def run_distillation(
         # Both columns use the rock set found in training (there is none before it).
         before=before.with_rock_ids(rock_ids).to_dict() if before else None,
         after=after.with_rock_ids(rock_ids).to_dict() if after else None,
-        command=command,
+        command=command, resumed_from_step=resumed_step,
     )
     report["training"]["total_seconds"] = round(time.perf_counter() - started, 1)
     write_run_report(args.output_dir, report)

@@ -46,7 +46,7 @@ SETTING_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimization", ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                       "lr_scheduler_type", "warmup_steps", "num_train_epochs", "beta", "loss_temperature", "seed")),
     ("generation", ("lmbda", "max_new_tokens", "temperature")),
-    ("run", ("global_step", "train_seconds", "total_seconds")),
+    ("run", ("global_step", "resumed_from_step", "train_seconds", "total_seconds")),
 )
 # Settings that change nothing a reader needs: memory chunking. Epochs and warm-up are dropped when they cannot act
 # (see `setting_rows`).
@@ -285,7 +285,7 @@ def reproduce_config(report: Mapping[str, Any]) -> dict[str, Any]:
     config["rock_policy"] = report["policy"]["name"]
     if report["policy"].get("kwargs"):
         config["rock_policy_kwargs"] = dict(report["policy"]["kwargs"])
-    skipped = {"num_train_epochs", "train_seconds", "total_seconds", "global_step"}
+    skipped = {"num_train_epochs", "train_seconds", "total_seconds", "global_step", "resumed_from_step"}
     config.update({k: v for k, v in training.items() if k not in skipped and v is not None})
     # A live trainer's settings hold enums (SchedulerType): plain JSON values, as a YAML file has them.
     return json.loads(json.dumps(config, default=str))
