@@ -1,6 +1,7 @@
 """The settings candidates of the real-budget run, judged on the validation slice: one row per finished candidate run.
 
     python examples/reports/real_budget/validation.py RUN_DIR [RUN_DIR ...] [--shared SHARED_DIR] [--json OUT]
+        [--resumed-from RUN_NAME=STEP]
 
 Each RUN_DIR is a `hf-rockopd distill --eval_on validation` run (see README.md here); SHARED_DIR is their common
 `eval_cache_dir`, whose teacher reference gives the teacher's accuracy and cut rate on the same problems. Prints a
@@ -12,16 +13,26 @@ import argparse
 import json
 import os
 
+from hf_rockopd.evaluation.paired import mcnemar_exact
 from hf_rockopd.evaluation.quality import accuracy_interval
 
 
-def candidate(run_dir: str) -> dict:
+def correct(run_dir: str, stage: str) -> list[bool]:
+    """Which validation problems the run's student solved `before` or `after` training (eval_<stage>.json)."""
+    with open(os.path.join(run_dir, f"eval_{stage}.json")) as f:
+        return [bool(r["correct"]) for r in json.load(f)["records"]]
+
+
+def candidate(run_dir: str, resumed_from: int | None = None) -> dict:
     with open(os.path.join(run_dir, "run_report.json")) as f:
         report = json.load(f)
     training, history = report["training"], report["log_history"]
     steps = [row for row in history if "loss" in row and "completions/mean_length" in row]
-    tokens = sum(row["completions/mean_length"] for row in steps) * training["per_device_train_batch_size"]
+
     before, after = report["eval"]["before"], report["eval"]["after"]
+    paired = mcnemar_exact(correct(run_dir, "before"), correct(run_dir, "after"))
+    resumed = training.get("resumed_from_step", 0) if resumed_from is None else resumed_from
+    sitting_steps = steps[resumed:]
     return {
         "run": os.path.basename(os.path.normpath(run_dir)),
         "policy": report["policy"]["name"],
@@ -32,13 +43,20 @@ def candidate(run_dir: str) -> dict:
         "lmbda": training["lmbda"],
         "steps": training.get("global_step", len(steps)),
         "train_seconds": training["train_seconds"],
-        "tokens_per_second": tokens / training["train_seconds"] if training["train_seconds"] else None,
+        # A resumed run's train_seconds is its last sitting's: per step over that sitting's steps only.
+        "seconds_per_step": training["train_seconds"] / max(1, training.get("global_step", len(steps)) - resumed),
+        "resumed_from_step": resumed,
+        "tokens_per_second": sum(row["completions/mean_length"] for row in sitting_steps)
+        * training["per_device_train_batch_size"] / training["train_seconds"] if training["train_seconds"] else None,
         "clipped_in_training": sum(row["completions/clipped_ratio"] for row in steps) / max(1, len(steps)),
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
         "interval_after": [after["accuracy_low"], after["accuracy_high"]],
         "tf_divergence_before": before["teacher_forced_divergence"],
         "tf_divergence_after": after["teacher_forced_divergence"],
+        "gained": paired.only_second,
+        "lost": paired.only_first,
+        "p_value_vs_before": paired.p_value,
         "cut_after": after["cut_ratio"],
         "num_problems": after["num_problems"],
     }
@@ -60,21 +78,27 @@ def main() -> None:
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--shared", default=None)
     parser.add_argument("--json", default=None)
+    # Run reports written before they recorded `training.resumed_from_step` (the lr 1e-4, 2 x 256 candidate, SIGKILLed
+    # at step 11 and resumed from checkpoint-10): NAME=STEP.
+    parser.add_argument("--resumed-from", action="append", default=[], metavar="RUN_NAME=STEP")
     args = parser.parse_args()
-    rows = [candidate(run) for run in args.runs if os.path.isfile(os.path.join(run, "run_report.json"))]
+    resumed = {name: int(step) for name, step in (item.split("=") for item in args.resumed_from)}
+    rows = [candidate(run, resumed.get(os.path.basename(os.path.normpath(run))))
+            for run in args.runs if os.path.isfile(os.path.join(run, "run_report.json"))]
     found = {"candidates": rows, "teacher": teacher(args.shared) if args.shared else None}
     if found["teacher"]:
         t = found["teacher"]
         print(f"teacher on {t['num_problems']} validation problems at {t['max_new_tokens']} tokens: accuracy "
               f"{t['accuracy']:.3f} [{t['interval'][0]:.3f}, {t['interval'][1]:.3f}], cut {t['cut']:.3f}, mean "
               f"length {t['mean_length']:.0f} tokens\n")
-    print("| run | lr | batch x tokens | steps | tokens/s | clipped | accuracy before -> after [95 %] | "
-          "teacher-forced divergence before -> after | cut after |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+    print("| run | lr | batch x tokens | steps | s/step | tokens/s | clipped | accuracy before -> after [95 %] | "
+          "gained / lost, McNemar p | teacher-forced divergence before -> after | cut after |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
     for r in rows:
         print(f"| {r['run']} | {r['learning_rate']:g} | {r['batch']} x {r['max_new_tokens']} | {r['steps']} | "
-              f"{r['tokens_per_second']:.1f} | {r['clipped_in_training']:.2f} | {r['accuracy_before']:.3f} -> "
-              f"{r['accuracy_after']:.3f} [{r['interval_after'][0]:.3f}, {r['interval_after'][1]:.3f}] | "
+              f"{r['seconds_per_step']:.0f} | {r['tokens_per_second']:.1f} | {r['clipped_in_training']:.2f} | "
+              f"{r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} [{r['interval_after'][0]:.3f}, "
+              f"{r['interval_after'][1]:.3f}] | {r['gained']} / {r['lost']}, p = {r['p_value_vs_before']:.2f} | "
               f"{r['tf_divergence_before']:.4f} -> {r['tf_divergence_after']:.4f} | {r['cut_after']:.3f} |")
     if args.json:
         with open(args.json, "w") as f:
