@@ -629,3 +629,14 @@ def test_training_curves_panels(tmp_path):
     # frozen == down-weighted at every step: one line named after both; grad_norm_share was only ever 0: no panel.
     assert panels["completion tokens"] == ["frozen = down-weighted", "trained"]
     assert plot_training_curves(history, tmp_path / "c.png", title="t") == str(tmp_path / "c.png")
+
+
+def test_the_training_table_says_a_resumed_run_and_nothing_for_one_sitting():
+    from hf_rockopd.publishing.card_setup import setting_rows
+
+    report = {"teacher": {"name": "t"}, "student": {"base_model": "s"}, "policy": {"name": "uniform"},
+              "training": {"max_steps": 20, "global_step": 20, "resumed_from_step": 10, "train_seconds": 815.1}}
+    rows = {name: value for group, name, value in setting_rows(report) if group == "run"}
+    assert rows["resumed_from_step"] == "`10`" and rows["train_seconds"] == "`815.1`"
+    report["training"]["resumed_from_step"] = 0
+    assert "resumed_from_step" not in {name for _, name, _ in setting_rows(report)}

@@ -194,8 +194,8 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """The card's training table: (group, setting, value) rows for models, data, policy, optimization, generation
     and the run's time; settings that cannot act in this run are left out.
 
-    `num_train_epochs` is dropped when `max_steps` sets the length, `warmup_steps` when it is 0, and the loss's
-    memory chunk size always.
+    `num_train_epochs` is dropped when `max_steps` sets the length, `warmup_steps` and `resumed_from_step` when they
+    are 0, and the loss's memory chunk size always.
 
     Example:
     ```python
@@ -211,6 +211,8 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         training.pop("num_train_epochs", None)
     if not training.get("warmup_steps"):
         training.pop("warmup_steps", None)
+    if not training.get("resumed_from_step"):
+        training.pop("resumed_from_step", None)  # trained in one sitting
     rows = [("models", name, value) for name, value in _model_rows(report)]
     rows.append(("models", "trained weights", _trained_weights(report["student"], training.pop("lora", None))))
     data = dataset_line(report.get("dataset") or {})
