@@ -31,14 +31,13 @@ from typing import Any
 
 import torch
 
-from .resolve import ResolvedModel, _looks_like_path, converted_model_dir, resolve_causal_lm
+from .resolve import ADAPTER_CONFIG_NAME, ResolvedModel, _looks_like_path, converted_model_dir, is_adapter_dir, resolve_causal_lm
 from .sources import GGUF_SOURCES
 
 
 __all__ = ["ADAPTER_CONFIG_NAME", "adapter_base_name", "adapter_embedding_layers", "is_adapter_dir",
            "load_merged_adapter", "local_config_dir"]
 
-ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's; beside it `adapter_model.safetensors`
 
 
 def local_config_dir(name_or_path: str, cache_dir: str | os.PathLike | None = None) -> str | None:
@@ -94,22 +93,6 @@ def adapter_embedding_layers(model: Any) -> bool | None:
         return None
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     return bool(vocab_size) and vocab_size != type(model.config).from_pretrained(directory).vocab_size
-
-
-def is_adapter_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a folder holding a peft adapter and no full model (`adapter_config.json`, no `config.json`).
-
-    Example:
-    ```python
-    >>> from hf_rockopd.models.adapters import is_adapter_dir
-    >>> is_adapter_dir("/no/such/folder")
-    False
-    ```
-    """
-    path = os.path.expanduser(os.fspath(path))
-    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME)) and not os.path.isfile(
-        os.path.join(path, "config.json")
-    )
 
 
 def adapter_base_name(path: str | os.PathLike) -> str:

@@ -27,6 +27,23 @@ logger = logging.get_logger(__name__)
 __all__ = ["PROVENANCE_NAME", "ResolvedModel", "converted_model_dir", "resolve_causal_lm"]
 
 PROVENANCE_NAME = "hf_rockopd_source.json"  # beside a converted model: which packages and file it came from
+ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's; beside it `adapter_model.safetensors`
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder holding a peft adapter and no full model (`adapter_config.json`, no `config.json`).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.models.adapters import is_adapter_dir
+    >>> is_adapter_dir("/no/such/folder")
+    False
+    ```
+    """
+    path = os.path.expanduser(os.fspath(path))
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG_NAME)) and not os.path.isfile(
+        os.path.join(path, "config.json")
+    )
 
 
 @dataclass
@@ -137,9 +154,7 @@ def resolve_causal_lm(
             model, tokenizer = load_gguf_causal_lm(path, dtype=dtype)
             return ResolvedModel(model, tokenizer, "path", os.path.abspath(path))
         if os.path.isdir(path):
-            if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
-                os.path.join(path, "config.json")
-            ):
+            if is_adapter_dir(path):
                 raise ModelNotFoundError(
                     f"{path} holds a LoRA adapter (adapter_config.json), not a full model. Load it merged into its "
                     "base with `hf_rockopd.models.adapters.load_merged_adapter(path)`; the hf-rockopd commands "
