@@ -153,6 +153,7 @@ def test_the_long_config_is_the_real_budget_and_both_policies_parse():
     assert args.max_steps % args.save_steps == 0 and model_args.use_peft
     assert args.rock_policy == "rock_online" and args.rock_policy_kwargs["warmup_steps"] == 20
     assert script.eval_cache_dir and script.checkpoint_eval_problems <= script.num_eval_problems
+    assert script.checkpoint_eval_steps % args.save_steps == 0 and args.max_steps % script.checkpoint_eval_steps == 0
     # `make distill-long`'s uniform run: the same file, only the policy and the output directory differ.
     uniform, uniform_args, _ = parse_arguments(["--config", LONG_CONFIG, "--rock_policy", "uniform",
                                                 "--rock_policy_kwargs", "{}", "--output_dir", "runs/x/uniform"])

@@ -80,6 +80,9 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
         checkpoint_eval_problems (`int`, *optional*, defaults to `0`):
             At step 0 and at each saved checkpoint, evaluate the first N evaluation problems
             (`checkpoint_evals.jsonl`, the curves of a long run); 0: no checkpoint evaluation.
+        checkpoint_eval_steps (`int`, *optional*, defaults to `0`):
+            Evaluate only the checkpoints whose step is a multiple of N (a multiple of `save_steps`); 0: every
+            checkpoint. A long run saves often, so that a stop loses few steps, and draws its curves from fewer points.
 
         > Trainer
 
@@ -126,6 +129,11 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
     checkpoint_eval_problems: int = field(
         default=0, metadata={"help": "Evaluate the first N problems at step 0 and each saved checkpoint (0: never)."}
     )
+    checkpoint_eval_steps: int = field(
+        default=0,
+        metadata={"help": "Evaluate only the checkpoints whose step is a multiple of N, a multiple of save_steps "
+                  "(0: every checkpoint)."},
+    )
     verifier: str = field(
         default="math",
         metadata={"help": "How answers are checked (math-verify): math, gsm8k ('#### n' references) or none.",
@@ -159,7 +167,7 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
         check_at_least(self, "eval_teacher_top_k")
-        for name in ("num_validation_problems", "checkpoint_eval_problems"):
+        for name in ("num_validation_problems", "checkpoint_eval_problems", "checkpoint_eval_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}.")

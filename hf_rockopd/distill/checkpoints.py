@@ -28,11 +28,36 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["CHECKPOINT_EVALS_NAME", "CheckpointEvaluation", "read_checkpoint_evals"]
+__all__ = ["CHECKPOINT_EVALS_NAME", "CheckpointEvaluation", "check_checkpoint_eval_steps", "read_checkpoint_evals"]
 
 CHECKPOINT_EVALS_NAME = "checkpoint_evals.jsonl"
 _FIELDS = ("accuracy", "accuracy_low", "accuracy_high", "cut_ratio", "loop_rate", "finished_rate",
            "teacher_forced_divergence", "mean_completion_length", "num_problems")
+
+
+def check_checkpoint_eval_steps(every: int, save_strategy: Any, save_steps: float) -> None:
+    """Refuse a `checkpoint_eval_steps` that no saved checkpoint would meet, before any model loads.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.distill.checkpoints import check_checkpoint_eval_steps
+    >>> check_checkpoint_eval_steps(50, "steps", 10)  # checkpoints 50, 100, ... are evaluated
+    >>> check_checkpoint_eval_steps(25, "steps", 10)
+    Traceback (most recent call last):
+    ...
+    ValueError: checkpoint_eval_steps = 25 is not a multiple of save_steps = 10: ... (e.g. 50).
+    ```
+    """
+    strategy = str(getattr(save_strategy, "value", save_strategy))
+    if not every or strategy == "no":
+        return
+    if strategy != "steps" or save_steps < 1 or every % int(save_steps):
+        suggestion = 5 * int(save_steps) if strategy == "steps" and save_steps >= 1 else None
+        raise ValueError(
+            f"checkpoint_eval_steps = {every} is not a multiple of save_steps = {save_steps}: no saved checkpoint "
+            "would be evaluated. Use save_strategy='steps' with an integer save_steps, and a checkpoint_eval_steps "
+            "that is a multiple of it" + (f" (e.g. {suggestion})." if suggestion else ".")
+        )
 
 
 def read_checkpoint_evals(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -69,10 +94,16 @@ class CheckpointEvaluation(TrainerCallback):
             step-0 line is computed in each run.
         key: what the step-0 line depends on (`distill.evaluation.evaluation_key` of the base student); a cached
             line with another key is computed again.
+        every: evaluate only the checkpoints whose step is a multiple of `every` (0: each one). A long run saves
+            often, so that a stop loses few steps, and evaluates fewer of them: each evaluation costs minutes.
     """
 
     def __init__(self, path: str, evaluate: Callable[[Any], Any], *, step0_cache: str | None = None,
-                 key: dict[str, Any] | None = None, on_line: Callable[[str], None] | None = None) -> None:
+                 key: dict[str, Any] | None = None, on_line: Callable[[str], None] | None = None,
+                 every: int = 0) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"every must be an integer >= 0 (0: each checkpoint), got {every!r}.")
+        self.every = every
         self.on_line = on_line or logger.info
         self.path = os.fspath(path)
         self.evaluate = evaluate
@@ -96,7 +127,7 @@ class CheckpointEvaluation(TrainerCallback):
         return cached.get("row") if cached.get("key") == self.key else None
 
     def _measure(self, step: int, model: Any) -> None:
-        if step in self._done():
+        if step in self._done() or (step > 0 and self.every and step % self.every):
             return
         row = self._cached_step0() if step == 0 else None
         if row is None:
@@ -116,11 +147,11 @@ class CheckpointEvaluation(TrainerCallback):
         )
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        """Step 0, or the checkpoint a resumed run starts from, if its line is missing."""
+        """Step 0, or the checkpoint a resumed run starts from, if its line is missing (and it is one to evaluate)."""
         if state.is_world_process_zero and model is not None:
             self._measure(state.global_step, model)
 
     def on_save(self, args, state, control, model=None, **kwargs):
-        """Each saved checkpoint."""
+        """Each saved checkpoint (each `every`-th step's)."""
         if state.is_world_process_zero and model is not None:
             self._measure(state.global_step, model)

@@ -230,8 +230,8 @@ def cached_before_evaluation(model, teacher, tokenizer, problems, reference, scr
 def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: DistillArguments, args: RockOPDConfig,
                           base_key: dict[str, Any], on_line=None):
     """The [`~hf_rockopd.distill.checkpoints.CheckpointEvaluation`] callback of a run: the first
-    `checkpoint_eval_problems` problems at step 0 and at each save; None when the run saves no checkpoint or asks
-    for none. Its step-0 line is cached in `evaluation_dir` under the base student's `base_key`."""
+    `checkpoint_eval_problems` problems at step 0 and at each save (each `checkpoint_eval_steps`-th step's); None
+    when the run saves no checkpoint or asks for none. Its step-0 line is cached in `evaluation_dir` under the base student's `base_key`."""
     from .checkpoints import CHECKPOINT_EVALS_NAME, CheckpointEvaluation
 
     n = script.checkpoint_eval_problems
@@ -246,4 +246,5 @@ def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: Disti
         os.path.join(args.output_dir, CHECKPOINT_EVALS_NAME), evaluate,
         step0_cache=os.path.join(evaluation_dir(script, args), STEP0_CACHE_NAME), key={**base_key, "head": n},
         on_line=(lambda text: on_line("checkpoint evaluation", text)) if on_line is not None else None,
+        every=script.checkpoint_eval_steps,
     )

@@ -37,11 +37,11 @@ __all__ = ["RUN_SETTINGS_NAME", "check_resume", "record_run_settings", "resume_s
 RUN_SETTINGS_NAME = "run_settings.json"
 
 # Settings that may change between a run and its resumption without changing what it computes: where and how it
-# reports, how often it logs, and resumption itself.
+# reports, how often it logs, saves and evaluates checkpoints, and resumption itself.
 _FREE = {
     "output_dir", "logging_dir", "logging_steps", "report_to", "run_name", "resume_from_checkpoint", "push_to_hub",
     "hub_model_id", "hub_token", "disable_tqdm", "log_level", "log_level_replica", "save_total_limit",
-    "dataloader_num_workers", "eval_cache_dir", "checkpoint_eval_problems",
+    "dataloader_num_workers", "eval_cache_dir", "checkpoint_eval_problems", "checkpoint_eval_steps", "save_steps",
 }
 
 

@@ -45,6 +45,7 @@ from ..models import (
     unpack_linears,
 )
 from .arguments import DistillArguments
+from .checkpoints import check_checkpoint_eval_steps
 from .evaluation import (
     AFTER_JOURNAL_NAME,
     BEFORE_CACHE_NAME,
@@ -257,6 +258,7 @@ def run_distillation(
     if script.trainer == "distillation":
         trainer_args = distillation_config(args, use_vllm=script.use_vllm, vllm_mode=script.vllm_mode)
     # Every input is checked before a model is loaded, so a typo costs seconds, not a teacher load.
+    check_checkpoint_eval_steps(script.checkpoint_eval_steps, args.save_strategy, args.save_steps)
     data = load_distill_data(script, seed=args.seed)
     train_prompts = data.train
     reference_path = os.path.join(evaluation_dir(script, args), TEACHER_REFERENCE_NAME) if data.problems else None
