@@ -64,6 +64,55 @@ def test_a_sequence_not_in_the_cache_is_an_error_or_goes_to_the_fallback(tmp_pat
         CachedTeacher(cache, fallback=ModelTopKTeacher(teacher, top_k=8))
 
 
+class _Stopping(ModelTopKTeacher):
+    """A local teacher that counts its batches and dies after `stop_after` of them, as a killed build would."""
+
+    def __init__(self, teacher, stop_after=None):
+        super().__init__(teacher, top_k=4)
+        self.steps, self.stop_after = [], stop_after
+
+    def targets(self, input_ids, attention_mask, *, step, **kwargs):
+        if self.stop_after is not None and len(self.steps) == self.stop_after:
+            raise KeyboardInterrupt("stopped")
+        self.steps.append(step)
+        return super().targets(input_ids, attention_mask, step=step, **kwargs)
+
+
+def test_a_stopped_build_goes_on_at_its_batch_and_ends_as_an_uninterrupted_one(tmp_path, teacher, capsys):
+    sequences = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14, 15], [16, 17, 18], [19, 20]]
+    settings = CacheSettings(teacher="tiny-teacher", top_k=4, vocab_size=teacher.config.vocab_size)
+    path = tmp_path / "c.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        TeacherCache.build(_Stopping(teacher, stop_after=2), sequences, settings, path, batch_size=2)
+    assert not path.exists() and len(list((tmp_path / "c.parquet.parts").glob("*.parquet"))) == 2
+    again = _Stopping(teacher)
+    resumed = TeacherCache.build(again, sequences, settings, path, batch_size=2, show_progress=True)
+    assert again.steps == [2]  # only the third batch was scored
+    assert "teacher cache (2 batches resumed from" in capsys.readouterr().err
+    assert not (tmp_path / "c.parquet.parts").exists()  # the parts go once the whole file is written
+    whole = _build(tmp_path / "whole.parquet", teacher, sequences)
+    loaded = TeacherCache.load(path, top_k=4, teacher="tiny-teacher")
+    assert set(loaded.entries) == set(whole.entries) == set(resumed.entries)
+    for key, value in whole.entries.items():
+        torch.testing.assert_close(loaded.entries[key], value, rtol=0, atol=0)
+
+
+def test_parts_made_from_other_weights_are_not_reused(tmp_path, teacher):
+    sequences = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14, 15]]
+    path = tmp_path / "c.parquet"
+
+    def settings(fingerprint):
+        return CacheSettings(teacher="tiny-teacher", top_k=4, vocab_size=teacher.config.vocab_size,
+                             teacher_fingerprint=fingerprint)
+
+    with pytest.raises(KeyboardInterrupt):
+        TeacherCache.build(_Stopping(teacher, stop_after=1), sequences, settings("old"), path, batch_size=2)
+    again = _Stopping(teacher)
+    TeacherCache.build(again, sequences, settings("new"), path, batch_size=2)
+    assert again.steps == [0, 1]  # the old weights' batch was scored again
+    assert TeacherCache.read_settings(path).teacher_fingerprint == "new"
+
+
 def test_a_cache_made_with_other_settings_is_refused(tmp_path, teacher):
     path = tmp_path / "c.parquet"
     _build(path, teacher, [[5, 6, 7]])

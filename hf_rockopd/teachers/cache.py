@@ -8,6 +8,9 @@ afterwards: `hf-rockopd eval --teacher_cache` measures the teacher-forced diverg
 a trainer given `teacher_cache` reads its fixed batches from it (a rollout the cache cannot know goes to the served
 teacher, or is an error naming the step).
 
+Building one is resumable: each finished batch is also written to `<path>.parts/` (small caches of the same format),
+so a build killed after an hour goes on at the batch it was in; the parts go once the whole file is written.
+
 The file is Parquet (one owner: this module). One row per sequence: `key` (sha256 of the settings and the token
 ids), `length` (its tokens), and the packed targets flattened (`topk_ids`, `topk_logprobs`, `length * (top_k + 1)`
 values each; row `i` is the distribution of token `i` given the tokens before it, padding at position 0). The settings
@@ -36,15 +39,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from transformers.utils import logging
 
 from ..losses import pack_topk, unpack_topk
 from .sources import ServedTeacher, TopKTeacher, connect_served_teacher, empty_targets
+
+logger = logging.get_logger(__name__)
 
 
 __all__ = ["CACHE_FORMAT", "CacheSettings", "CachedTeacher", "TeacherCache", "connect_teacher_source"]
@@ -141,15 +148,26 @@ class TeacherCache:
         show_progress: bool = False,
     ) -> TeacherCache:
         """Score `sequences` with `source` (a local `ModelTopKTeacher` or a `ServedTeacher`, at `settings.top_k`),
-        `batch_size` at a time, and write the cache to `path` (Parquet). Returns the cache."""
+        `batch_size` at a time, and write the cache to `path` (Parquet). Returns the cache.
+
+        Each finished batch is kept in `<path>.parts/` until the whole file is written: a build that was stopped
+        goes on at its batch when called again with the same settings (parts made with other settings or teacher
+        weights are discarded)."""
         from tqdm.auto import tqdm
 
         if source.top_k != settings.top_k:
             raise ValueError(f"The source answers top-{source.top_k}, the settings say top_k={settings.top_k}.")
-        entries: dict[str, torch.Tensor] = {}
+        parts = f"{os.fspath(path)}.parts"
+        entries = cls._read_parts(parts, settings)
         unique = list({sequence_key(settings, s): list(s) for s in sequences if len(s) > 1}.items())
-        for start in tqdm(range(0, len(unique), batch_size), desc="teacher cache", disable=not show_progress):
+        starts = range(0, len(unique), batch_size)
+        resumed = sum(all(key in entries for key, _ in unique[start : start + batch_size]) for start in starts)
+        label = "teacher cache" + (f" ({resumed} batch{'es' if resumed > 1 else ''} resumed from {parts})"
+                                   if resumed else "")
+        for start in tqdm(starts, desc=label, disable=not show_progress):
             chunk = unique[start : start + batch_size]
+            if all(key in entries for key, _ in chunk):
+                continue
             length = max(len(ids) for _, ids in chunk)
             input_ids = torch.zeros(len(chunk), length, dtype=torch.long)
             mask = torch.zeros_like(input_ids)
@@ -157,11 +175,36 @@ class TeacherCache:
                 input_ids[row, : len(ids)] = torch.tensor(ids)
                 mask[row, : len(ids)] = 1
             targets = source.targets(input_ids, mask, step=start // batch_size).cpu()
-            for row, (key, ids) in enumerate(chunk):
-                entries[key] = targets[row, : len(ids)].clone()
-        cache = cls(settings, entries, str(path))
+            batch = {key: targets[row, : len(ids)].clone() for row, (key, ids) in enumerate(chunk)}
+            part = os.path.join(parts, f"batch-{start:07d}.parquet")
+            cls(settings, batch).save(part + ".tmp")
+            os.replace(part + ".tmp", part)  # a part is whole or absent, never half written
+            entries.update(batch)
+        wanted = {key for key, _ in unique}
+        cache = cls(settings, {key: value for key, value in entries.items() if key in wanted}, str(path))
         cache.save(path)
+        shutil.rmtree(parts, ignore_errors=True)
         return cache
+
+    @classmethod
+    def _read_parts(cls, parts: str, settings: CacheSettings) -> dict[str, torch.Tensor]:
+        """The entries of a stopped build's finished batches; none (and the folder removed) when any part was made
+        with other settings or weights, or cannot be read."""
+        if not os.path.isdir(parts):
+            return {}
+        expected = {name: getattr(settings, name) for name in
+                    ("teacher", "top_k", "vocab_size", "temperature", "teacher_fingerprint")}
+        entries: dict[str, torch.Tensor] = {}
+        for name in sorted(os.listdir(parts)):
+            if not name.endswith(".parquet"):
+                continue  # a part being written when the build was stopped
+            try:
+                entries.update(cls.load(os.path.join(parts, name), **expected).entries)
+            except (ValueError, OSError) as err:
+                logger.warning(f"The teacher cache's parts in {parts} cannot be reused ({err}); starting afresh.")
+                shutil.rmtree(parts, ignore_errors=True)
+                return {}
+        return entries
 
     def save(self, path: str | os.PathLike) -> str:
         """Write the cache as Parquet (settings in the file's metadata). Returns the path."""
