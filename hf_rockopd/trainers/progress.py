@@ -45,35 +45,47 @@ class CompactProgressCallback(TrainerCallback):
     ```
     """
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
         self.progress = ProgressCallback()
-        self._last_time: float | None = None
-        self._last_step = 0
-        self._begin_time, self._begin_step = time.perf_counter(), 0
+        self._clock = clock
+        # Seconds inside optimizer steps (on_step_begin to on_step_end): what a checkpoint's save and evaluation
+        # cost between steps is not a step's time, and an evaluation of minutes would make the ETA hours off.
+        self._busy = self._busy_at_log = self._busy_at_begin = 0.0
+        self._step_started: float | None = None
+        self._last_step = self._begin_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         """Start the bar and the step clock."""
         self.progress.on_train_begin(args, state, control, **kwargs)
-        self._last_time, self._last_step = time.perf_counter(), state.global_step
         # The ETA counts the steps of this process only: a resumed run's earlier steps ran at another time.
-        self._begin_time, self._begin_step = self._last_time, state.global_step
+        self._last_step = self._begin_step = state.global_step
+        self._busy_at_log = self._busy_at_begin = self._busy
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Start the step's clock."""
+        self._step_started = self._clock()
 
     def on_step_end(self, args, state, control, **kwargs):
-        """Move the bar."""
+        """Stop the step's clock and move the bar."""
+        if self._step_started is not None:
+            self._busy += self._clock() - self._step_started
+            self._step_started = None
         self.progress.on_step_end(args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        """Write the compact line (seconds per step since the previous log)."""
+        """Write the compact line: seconds per step since the previous log and the ETA, both counting only the time
+        inside optimizer steps (not checkpoint saves and evaluations between them)."""
         if not state.is_world_process_zero or self.progress.training_bar is None:
             return
-        now, steps = time.perf_counter(), state.global_step - self._last_step
-        seconds = (now - self._last_time) / steps if steps > 0 and self._last_time is not None else None
+        steps = state.global_step - self._last_step
+        seconds = (self._busy - self._busy_at_log) / steps if steps > 0 else None
         line = compact_step_line(logs or {}, state.global_step, state.max_steps, seconds)
         done = state.global_step - self._begin_step
         if line is not None and done > 0 and state.max_steps > state.global_step:
-            line += f" | eta {_duration((now - self._begin_time) / done * (state.max_steps - state.global_step))}"
+            per_step = (self._busy - self._busy_at_begin) / done
+            line += f" | eta {_duration(per_step * (state.max_steps - state.global_step))}"
         if line is not None:
-            self._last_time, self._last_step = now, state.global_step
+            self._busy_at_log, self._last_step = self._busy, state.global_step
             self.progress.training_bar.write(line)
 
     def on_train_end(self, args, state, control, **kwargs):
