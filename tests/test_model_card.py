@@ -390,7 +390,8 @@ def test_report_contradicting_the_saved_weights(tmp_path, tokenizer):
 def test_cli_card(tmp_path, tokenizer, capsys):
     run, report, _ = make_run(tmp_path, tokenizer)
     out = tmp_path / "examples" / "card.md"
-    with pytest.warns(FutureWarning, match="--model-id is deprecated .* use --model_id"):  # the old spelling, one release
+    # The old spelling still works for one release.
+    with pytest.warns(FutureWarning, match="--model-id is deprecated .* use --model_id"):
         assert main(["card", str(run), "--out", str(out), "--model-id", "me/smollm2-rockopd"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     card = ModelCard.load(out)

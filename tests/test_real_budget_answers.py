@@ -24,7 +24,8 @@ def test_counts_are_the_records_own(tmp_path, capsys):
     out = _module().main(["--before", before, "--after", f"t256={after}", "--examples", "1",
                           "--json", str(tmp_path / "answers.json")])
     records = {name: json.load(open(path))["records"] for name, path in (("before", before), ("after", after))}
-    gained = [i for i, (b, a) in enumerate(zip(records["before"], records["after"])) if a["correct"] and not b["correct"]]
+    pairs = enumerate(zip(records["before"], records["after"]))
+    gained = [i for i, (b, a) in pairs if a["correct"] and not b["correct"]]
     run = out["runs"]["t256"]
     assert run["gained_indices"] == gained and run["correct"] == sum(r["correct"] for r in records["after"])
     assert out["problems"] == 64 and json.loads((tmp_path / "answers.json").read_text()) == out

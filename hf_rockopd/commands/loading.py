@@ -39,8 +39,8 @@ def load_model(name: str, loading: LoadingArguments):
 
     A LoRA adapter folder (`hf-rockopd distill --use_peft`'s output) is merged into its base, cut to the layers its
     `run_report.json` says the student kept. These commands only run models forward, so on CPU the linear layers
-    are oneDNN-packed (`pack_for_inference`,
-    benchmarks/decode.py): the same outputs to float32 rounding, generation 2-2.5x faster on small batches.
+    are oneDNN-packed (`pack_for_inference`, benchmarks/decode.py): the same outputs to float32 rounding, generation
+    2-2.5x faster on small batches.
     """
     import torch
 

@@ -231,7 +231,8 @@ def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: Disti
                           base_key: dict[str, Any], on_line=None):
     """The [`~hf_rockopd.distill.checkpoints.CheckpointEvaluation`] callback of a run: the first
     `checkpoint_eval_problems` problems at step 0 and at each save (each `checkpoint_eval_steps`-th step's); None
-    when the run saves no checkpoint or asks for none. Its step-0 line is cached in `evaluation_dir` under the base student's `base_key`."""
+    when the run saves no checkpoint or asks for none. Its step-0 line is cached in `evaluation_dir` under the base
+    student's `base_key`."""
     from .checkpoints import CHECKPOINT_EVALS_NAME, CheckpointEvaluation
 
     n = script.checkpoint_eval_problems

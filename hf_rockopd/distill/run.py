@@ -69,7 +69,10 @@ from .trainer_choice import build_trainer, distillation_config
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "DistillArguments", "DistillResult", "StudentModelConfig", "load_distill_data", "run_distillation"]
+__all__ = [
+    "DEFAULT_ROCK_ONLINE_KWARGS", "DEFAULT_TRAINING_ARGS", "DistillArguments", "DistillResult", "StudentModelConfig",
+    "load_distill_data", "run_distillation",
+]
 
 
 # Defaults of the embedded run (SmolLM2-135M-Instruct -> 24-layer copy, GSM8K) that differ from TRL's: sized to

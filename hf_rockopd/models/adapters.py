@@ -31,13 +31,19 @@ from typing import Any
 
 import torch
 
-from .resolve import ADAPTER_CONFIG_NAME, ResolvedModel, _looks_like_path, converted_model_dir, is_adapter_dir, resolve_causal_lm
+from .resolve import (
+    ADAPTER_CONFIG_NAME,
+    ResolvedModel,
+    _looks_like_path,
+    converted_model_dir,
+    is_adapter_dir,
+    resolve_causal_lm,
+)
 from .sources import GGUF_SOURCES
 
 
 __all__ = ["ADAPTER_CONFIG_NAME", "adapter_base_name", "adapter_embedding_layers", "is_adapter_dir",
            "load_merged_adapter", "local_config_dir"]
-
 
 
 def local_config_dir(name_or_path: str, cache_dir: str | os.PathLike | None = None) -> str | None:
@@ -157,7 +163,8 @@ def load_merged_adapter(
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
     base_name = adapter_base_name(path)
     own_tokenizer = os.path.isfile(os.path.join(path, "tokenizer_config.json"))
-    base = resolve_causal_lm(base_name, dtype=dtype, cache_dir=cache_dir, with_tokenizer=with_tokenizer and not own_tokenizer)
+    base = resolve_causal_lm(base_name, dtype=dtype, cache_dir=cache_dir,
+                             with_tokenizer=with_tokenizer and not own_tokenizer)
     model = prune_decoder_layers(base.model, kept_layers) if kept_layers else base.model
     peft_model = PeftModel.from_pretrained(model, path)
     weights = os.path.join(path, "adapter_model.safetensors")

@@ -24,7 +24,8 @@ from .wheels import cache_root, locate_gguf
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["PROVENANCE_NAME", "ResolvedModel", "converted_model_dir", "resolve_causal_lm"]
+__all__ = ["ADAPTER_CONFIG_NAME", "PROVENANCE_NAME", "ResolvedModel", "converted_model_dir", "is_adapter_dir",
+           "resolve_causal_lm"]
 
 PROVENANCE_NAME = "hf_rockopd_source.json"  # beside a converted model: which packages and file it came from
 ADAPTER_CONFIG_NAME = "adapter_config.json"  # peft's; beside it `adapter_model.safetensors`
@@ -35,7 +36,7 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
 
     Example:
     ```python
-    >>> from hf_rockopd.models.adapters import is_adapter_dir
+    >>> from hf_rockopd.models.resolve import is_adapter_dir
     >>> is_adapter_dir("/no/such/folder")
     False
     ```

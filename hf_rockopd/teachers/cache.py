@@ -161,13 +161,13 @@ class TeacherCache:
         entries = cls._read_parts(parts, settings)
         unique = list({sequence_key(settings, s): list(s) for s in sequences if len(s) > 1}.items())
         starts = range(0, len(unique), batch_size)
-        resumed = sum(all(key in entries for key, _ in unique[start : start + batch_size]) for start in starts)
-        label = "teacher cache" + (f" ({resumed} batch{'es' if resumed > 1 else ''} resumed from {parts})"
-                                   if resumed else "")
+        done = {start for start in starts if all(key in entries for key, _ in unique[start : start + batch_size])}
+        label = "teacher cache" + (f" ({len(done)} batch{'es' if len(done) > 1 else ''} resumed from {parts})"
+                                   if done else "")
         for start in tqdm(starts, desc=label, disable=not show_progress):
-            chunk = unique[start : start + batch_size]
-            if all(key in entries for key, _ in chunk):
+            if start in done:
                 continue
+            chunk = unique[start : start + batch_size]
             length = max(len(ids) for _, ids in chunk)
             input_ids = torch.zeros(len(chunk), length, dtype=torch.long)
             mask = torch.zeros_like(input_ids)
