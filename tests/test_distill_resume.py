@@ -5,6 +5,7 @@ student's evaluation; a run restarted with other settings is refused before any 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_killed_after_a_checkpoint_resumes_to_the_same_end(runs):
     # This sitting's time covers the steps after the checkpoint only, and the report says from which step.
     reports = [json.loads((work / name / "run_report.json").read_text())["training"] for name in ("full", "killed")]
     assert [t["resumed_from_step"] for t in reports] == [0, 2] and reports[1]["global_step"] == 6
+
+
+def test_killed_at_the_last_checkpoint_resumes_without_another_step(runs):
+    # The real-budget run's uniform student was killed here and its resume trained step 201 of 200.
+    work, _ = runs
+    killed = run(work, work / "killed_last", "last_checkpoint")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert [row["step"] for row in _checkpoint_evals(work / "killed_last")] == [0, 2, 4]
+    resumed = run(work, work / "killed_last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "checkpoint-6" in resumed.stderr and not (work / "killed_last" / "checkpoint-7").exists()
+    _same_as_full(work, "killed_last")
+    report = json.loads((work / "killed_last" / "run_report.json").read_text())["training"]
+    assert report["global_step"] == 6 and report["resumed_from_step"] == 6
+
+
+def test_a_finished_run_run_again_does_nothing(runs, tmp_path):
+    work, _ = runs
+    shutil.copytree(work / "full", tmp_path / "done")
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "done").iterdir()}
+    again = run(work, tmp_path / "done")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "holds this run, finished (run_report.json): nothing to do" in again.stderr
+    assert "loading teacher" not in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "done").iterdir()} == before
 
 
 def test_killed_during_the_final_evaluation_resumes_at_its_batch(runs):

@@ -54,3 +54,24 @@ def test_resumed_run_equals_the_uninterrupted_run(runs):
     torch.testing.assert_close(a["totals"], b["totals"], rtol=0, atol=0)
     for name, weight in full["student"].items():
         torch.testing.assert_close(weight, again["student"][name], rtol=0, atol=0, msg=name)
+
+
+def test_resuming_the_last_checkpoint_trains_nothing(runs):
+    # transformers' loop steps once before it compares the step with max_steps: resuming checkpoint-6 of a 6-step run
+    # trained a 7th step (the real-budget run's uniform student got 201 of 200). It must load the checkpoint and stop.
+    base, _, kind = runs
+    again = run(base / "again", "resume", base / "full" / "checkpoint-6", "--trainer", kind)
+    assert again.returncode == 0, again.stderr[-3000:]
+    full = torch.load(base / "full" / "final.pt", weights_only=False)
+    loaded = torch.load(base / "again" / "final.pt", weights_only=False)
+    assert loaded["global_step"] == 6 and not os.path.exists(base / "again" / "checkpoint-7")
+    assert loaded["rock_ids"] == full["rock_ids"] and loaded["policy_state"]["step"] == full["policy_state"]["step"]
+    for name, weight in full["student"].items():
+        torch.testing.assert_close(weight, loaded["student"][name], rtol=0, atol=0, msg=name)
+
+
+def test_a_checkpoint_past_max_steps_is_refused(runs, tmp_path):
+    base, _, kind = runs
+    past = run(tmp_path / "past", "resume", base / "full" / "checkpoint-6", "--trainer", kind, "--max_steps", "4")
+    assert past.returncode != 0
+    assert "is at step 6, past max_steps=4" in past.stderr and "set max_steps to at least 6" in past.stderr

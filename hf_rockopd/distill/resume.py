@@ -32,7 +32,9 @@ from typing import Any
 
 from transformers.trainer_utils import get_last_checkpoint
 
-__all__ = ["RUN_SETTINGS_NAME", "check_resume", "record_run_settings", "resume_settings"]
+from ..publishing.run_report import RUN_REPORT_NAME
+
+__all__ = ["RUN_SETTINGS_NAME", "check_resume", "finished_run", "record_run_settings", "resume_settings"]
 
 RUN_SETTINGS_NAME = "run_settings.json"
 
@@ -118,6 +120,31 @@ def check_resume(output_dir: str, settings: Mapping[str, Any], resume_from_check
             )
         return resume_from_checkpoint
     return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
+def finished_run(output_dir: str, resume_from_checkpoint: str | bool | None = None) -> str | None:
+    """The run report of the run that finished in `output_dir`, or None when there is something left to do.
+
+    Call it after `check_resume` has compared the settings: a directory holding `run_settings.json` (training began
+    with these settings) and `run_report.json` (written last, after the final evaluation and save) is finished, and
+    its command run again does nothing. `make distill-long` runs the first policy's command again whenever the second
+    run is resumed; without this it would reload both models and evaluate the finished student once more.
+    `resume_from_checkpoint=False` (or `"false"`) still starts afresh.
+
+    Example:
+    ```python
+    >>> import tempfile
+    >>> from hf_rockopd.distill.resume import finished_run
+    >>> finished_run(tempfile.mkdtemp()) is None  # nothing there yet
+    True
+    ```
+    """
+    if resume_from_checkpoint is False or str(resume_from_checkpoint).lower() == "false":
+        return None
+    report = os.path.join(output_dir, RUN_REPORT_NAME)
+    if os.path.isfile(os.path.join(output_dir, RUN_SETTINGS_NAME)) and os.path.isfile(report):
+        return report
+    return None
 
 
 def record_run_settings(output_dir: str, settings: Mapping[str, Any]) -> None:

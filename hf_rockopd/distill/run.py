@@ -59,10 +59,10 @@ from .evaluation import (
     load_cached_evaluation,
     outside_teacher,
 )
-from .resume import check_resume, record_run_settings, resume_settings
+from .resume import check_resume, finished_run, record_run_settings, resume_settings
 from .output import clean_saved_config, compact_progress, distill_report
 from ..utils.memory import release_free_memory
-from ..publishing.run_report import write_run_report
+from ..publishing.run_report import CARD_NAME, load_run_report, write_run_report
 from ..trainers.config import RockOPDConfig
 from ..trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
 from .trainer_choice import build_trainer, distillation_config
@@ -269,6 +269,13 @@ def run_distillation(
     # The same command, run again in the same output directory, resumes: refused here if its settings changed.
     settings = resume_settings(script, args, model_args)
     resume_from = check_resume(args.output_dir, settings, args.resume_from_checkpoint)
+    finished = finished_run(args.output_dir, args.resume_from_checkpoint)
+    if finished is not None:
+        phases("done", f"{args.output_dir} holds this run, finished ({os.path.basename(finished)}): nothing to do "
+                       "(to run it again, give another --output_dir or delete that one)")
+        card = os.path.join(args.output_dir, CARD_NAME)
+        return DistillResult(output_dir=args.output_dir, report=load_run_report(args.output_dir),
+                             model_card=card if os.path.isfile(card) else None)
     with tempfile.TemporaryDirectory() as work_dir:
         teacher, student, student_info = _load_models(script, model_args, work_dir, phases, served)
         tokenizer = teacher.tokenizer

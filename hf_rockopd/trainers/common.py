@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint
 from transformers.utils import ModelOutput, logging
 
 from ..console import quiet_training
@@ -262,12 +264,63 @@ class RockTrainerMixin:
     def _vocab_size(self) -> int:
         return self.rock_engine.vocab_size
 
-    def train(self, *args, **kwargs):
-        with quiet_training():  # TRL's own deprecated calls inside train(); any other warning still shows
-            output = super().train(*args, **kwargs)
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs) -> TrainOutput:
+        finished = self._finished_checkpoint(resume_from_checkpoint)
+        if finished is not None:
+            output = self._resume_finished(finished)
+        else:
+            with quiet_training():  # TRL's own deprecated calls inside train(); any other warning still shows
+                output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.is_world_process_zero():
             self.write_rock_tokens(self.args.output_dir)
         return output
+
+    def _finished_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        """The checkpoint to resume when it already holds all `max_steps` steps; None when there is training left.
+
+        Raises a `ValueError` for a checkpoint past `max_steps`: resuming it cannot give the run that was asked for.
+        """
+        if resume_from_checkpoint in (None, False) or self.args.max_steps <= 0:
+            return None
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        state_path = os.path.join(checkpoint, TRAINER_STATE_NAME) if checkpoint else None
+        if state_path is None or not os.path.isfile(state_path):
+            return None  # transformers' own resume says what is missing
+        step = TrainerState.load_from_json(state_path).global_step
+        if step > self.args.max_steps:
+            raise ValueError(
+                f"resume_from_checkpoint {checkpoint!r} is at step {step}, past max_steps={self.args.max_steps}: "
+                f"resuming it cannot stop at step {self.args.max_steps}. Resume an earlier checkpoint, or set "
+                f"max_steps to at least {step}."
+            )
+        return checkpoint if step == self.args.max_steps else None
+
+    def _resume_finished(self, checkpoint: str) -> TrainOutput:
+        """Load a checkpoint that holds the whole run and train nothing.
+
+        transformers' loop takes an optimizer step before it first compares the step with `max_steps`, so resuming
+        the last checkpoint would train step `max_steps + 1`: the real-budget run's `uniform` student, resumed from
+        `checkpoint-200` to finish its evaluation, was trained 201 steps (examples/reports/real_budget/).
+        """
+        if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise ValueError(
+                f"{checkpoint!r} already holds all max_steps={self.args.max_steps} steps: there is nothing to train, "
+                "and a sharded checkpoint is only loaded inside training. Load its weights without calling train() "
+                "(e.g. PeftModel.from_pretrained on the checkpoint folder), or raise max_steps to train on."
+            )
+        logger.info(f"{checkpoint} holds all {self.args.max_steps} steps: loading it, training nothing.")
+        self._load_from_checkpoint(checkpoint)
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        self.state.is_local_process_zero = self.is_local_process_zero()
+        self.state.is_world_process_zero = self.is_world_process_zero()
+        self.rock_engine.load_policy_state(checkpoint)
+        # Callbacks see a run that begins and ends at its last step (a checkpoint evaluation still missing runs now).
+        self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
+        return TrainOutput(self.state.global_step, sum(losses) / len(losses) if losses else 0.0, {})
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)

@@ -4,6 +4,8 @@ evaluated at each checkpoint), optionally SIGKILLing itself somewhere in the mid
     python tests/scripts/distill_then_sigkill.py WORK_DIR OUTPUT_DIR none        # the whole run
     python tests/scripts/distill_then_sigkill.py WORK_DIR OUTPUT_DIR train       # killed right after checkpoint-2 is
                                                                                  # saved, before its evaluation
+    python tests/scripts/distill_then_sigkill.py WORK_DIR OUTPUT_DIR last_checkpoint  # killed right after the last
+                                                                                 # checkpoint (6) is saved
     python tests/scripts/distill_then_sigkill.py WORK_DIR OUTPUT_DIR eval_after  # killed after the first generation
                                                                                  # batch of the final evaluation
 
@@ -26,20 +28,23 @@ from hf_rockopd.evaluation import journal as journal_module  # noqa: E402
 
 
 class SigkillOnSave(TrainerCallback):
-    """Dies the hard way right after the trainer saved checkpoint-2 (before the checkpoint's evaluation runs)."""
+    """Dies the hard way right after the trainer saved checkpoint-`step` (before the checkpoint's evaluation runs)."""
+
+    def __init__(self, step: int):
+        self.step = step
 
     def on_save(self, args, state, control, **kwargs):
-        if state.global_step == 2:
+        if state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(work_dir: str, output_dir: str, kill: str) -> int:
-    if kill == "train":
+    if kill in ("train", "last_checkpoint"):
         build = distill_run.build_trainer
 
         def build_and_arm(*args, **kwargs):
             trainer = build(*args, **kwargs)
-            trainer.add_callback(SigkillOnSave())
+            trainer.add_callback(SigkillOnSave(2 if kill == "train" else 6))
             return trainer
 
         distill_run.build_trainer = build_and_arm
@@ -52,9 +57,11 @@ def main(work_dir: str, output_dir: str, kill: str) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         journal_module.GenerationJournal.record = record_then_die
+    # 16 prompts, 8 steps an epoch: the 6 steps end inside an epoch, as the real-budget run's 200 do (its resume from
+    # the last checkpoint trained a 201st step; resuming at an epoch's end never did).
     return cli_main([
         "distill", "--teacher", os.path.join(work_dir, "teacher"), "--student_num_layers", "2",
-        "--dataset", os.path.join(work_dir, "problems.jsonl"), "--num_train_prompts", "12",
+        "--dataset", os.path.join(work_dir, "problems.jsonl"), "--num_train_prompts", "16",
         "--num_eval_problems", "4", "--num_validation_problems", "2", "--eval_max_new_tokens", "6",
         "--eval_batch_size", "2", "--eval_cache_dir", os.path.join(work_dir, "shared"),
         "--checkpoint_eval_problems", "2", "--max_steps", "6", "--per_device_train_batch_size", "2",

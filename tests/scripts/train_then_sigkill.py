@@ -5,7 +5,8 @@ optionally SIGKILL itself or resume a checkpoint.
     python tests/scripts/train_then_sigkill.py OUTPUT_DIR kill            # the same, SIGKILLed at the end of step 3
     python tests/scripts/train_then_sigkill.py OUTPUT_DIR resume CKPT     # resume CKPT, finish the 6 steps
 
-Every form takes `--trainer gkd|distillation` at the end (default gkd). A finished run writes `OUTPUT_DIR/final.pt`: policy state, rock set and student weights.
+Every form takes `--trainer gkd|distillation` (default gkd) and `--max_steps N` (default 6) at the end. A finished
+run writes `OUTPUT_DIR/final.pt`: policy state, rock set and student weights.
 """
 
 import os
@@ -34,9 +35,11 @@ class SigkillAfterStep(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(output_dir: str, mode: str, checkpoint: str | None = None, kind: str = "gkd") -> None:
+def main(output_dir: str, mode: str, checkpoint: str | None = None, kind: str = "gkd", max_steps: int = 6) -> None:
     tokenizer = build_tiny_tokenizer()
-    question = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(24)]
+    # 32 prompts, 8 steps an epoch: the 6-step run ends inside an epoch, as a real max_steps run does (a checkpoint at
+    # an epoch's end is resumed without the extra step that tests/test_sigkill_resume.py guards against).
+    question = [[{"role": "user", "content": f"What is {i} + {i + 1}?"}] for i in range(32)]
     if kind == "gkd":
         dataset = Dataset.from_list(
             [{"messages": [*q, {"role": "assistant", "content": f"{2 * i + 1}"}]} for i, q in enumerate(question)]
@@ -49,7 +52,7 @@ def main(output_dir: str, mode: str, checkpoint: str | None = None, kind: str = 
     args = config(
         output_dir=output_dir,
         per_device_train_batch_size=4,
-        max_steps=6,
+        max_steps=max_steps,
         **length,
         learning_rate=1e-2,
         logging_steps=1,
@@ -82,9 +85,10 @@ def main(output_dir: str, mode: str, checkpoint: str | None = None, kind: str = 
 
 
 if __name__ == "__main__":
-    argv, kind = sys.argv[1:], "gkd"
-    if "--trainer" in argv:
-        at = argv.index("--trainer")
-        kind = argv[at + 1]
-        del argv[at : at + 2]
-    main(*argv, kind=kind)
+    argv, options = sys.argv[1:], {"--trainer": "gkd", "--max_steps": "6"}
+    for flag in options:
+        if flag in argv:
+            at = argv.index(flag)
+            options[flag] = argv[at + 1]
+            del argv[at : at + 2]
+    main(*argv, kind=options["--trainer"], max_steps=int(options["--max_steps"]))
