@@ -118,8 +118,13 @@ def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict
     return rows
 
 
+# What an evaluation's cache was keyed by (fingerprints of weights and problems): bookkeeping, not a setting to read.
+_UNSHOWN_EVAL_SETTINGS = ("cache_key",)
+
+
 def _eval_settings(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     b, a = before.get("settings") or {}, after.get("settings") or {}
+    b, a = ({k: v for k, v in d.items() if k not in _UNSHOWN_EVAL_SETTINGS} for d in (b, a))
     parts = [f"{k}={format_setting(a[k])}" for k in a if k in b and a[k] == b[k]]
     # Some settings differ by design (the rock set exists only after training, timings): show both values.
     parts += [

@@ -226,6 +226,10 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     listed = {key for _, keys in SETTING_GROUPS for key in keys}
     for group, keys in SETTING_GROUPS:
         rows += [(group, key, f"`{format_setting(training[key])}`") for key in keys if key in training]
+    if training.get("resumed_from_step") and "train_seconds" in training:
+        # A resumed run's report times its last sitting only: 0.1 s for a run that resumed its last checkpoint.
+        at = next(i for i, row in enumerate(rows) if row[1] == "train_seconds")
+        rows[at] = (*rows[at][:2], f"{rows[at][2]} (the last sitting only, after step {training['resumed_from_step']})")
     rows += [
         ("other", key, f"`{format_setting(value)}`")
         for key, value in sorted(training.items())
