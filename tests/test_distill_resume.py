@@ -89,6 +89,8 @@ def test_killed_after_a_checkpoint_resumes_to_the_same_end(runs):
     # This sitting's time covers the steps after the checkpoint only, and the report says from which step.
     reports = [json.loads((work / name / "run_report.json").read_text())["training"] for name in ("full", "killed")]
     assert [t["resumed_from_step"] for t in reports] == [0, 2] and reports[1]["global_step"] == 6
+    # The training clock, saved in checkpoint-2, times all six steps across both sittings.
+    assert [t["timed_steps"] for t in reports] == [6, 6] and all(t["step_seconds"] > 0 for t in reports)
 
 
 def test_killed_at_the_last_checkpoint_resumes_without_another_step(runs):
@@ -103,6 +105,8 @@ def test_killed_at_the_last_checkpoint_resumes_without_another_step(runs):
     _same_as_full(work, "killed_last")
     report = json.loads((work / "killed_last" / "run_report.json").read_text())["training"]
     assert report["global_step"] == 6 and report["resumed_from_step"] == 6
+    # Nothing trained in this sitting, but the clock read from checkpoint-6 still holds the six steps' time.
+    assert report["timed_steps"] == 6 and report["step_seconds"] > report["train_seconds"]
 
 
 def test_a_finished_run_run_again_does_nothing(runs, tmp_path):

@@ -644,3 +644,31 @@ def test_the_training_table_says_a_resumed_run_and_nothing_for_one_sitting():
     report["training"]["resumed_from_step"] = 0
     assert "resumed_from_step" not in {name for _, name, _ in setting_rows(report)}
     assert {name: value for _, name, value in setting_rows(report)}["train_seconds"] == "`815.1`"
+
+
+def test_the_training_table_says_which_steps_the_training_clock_covers():
+    from hf_rockopd.publishing.card_setup import setting_rows
+
+    training = {"max_steps": 200, "global_step": 200, "resumed_from_step": 120, "train_seconds": 6100.0,
+                "step_seconds": 15200.0, "timed_steps": 200}
+    report = {"teacher": {"name": "t"}, "student": {"base_model": "s"}, "policy": {"name": "uniform"},
+              "training": training}
+    rows = {name: value for group, name, value in setting_rows(report) if group == "run"}
+    assert rows["step_seconds"] == "`15200.0` over all 200 steps, 76.0 s a step"
+    assert "timed_steps" not in {name for _, name, _ in setting_rows(report)}
+    training["timed_steps"] = 80  # the first sittings ran before the clock existed
+    rows = {name: value for group, name, value in setting_rows(report) if group == "run"}
+    assert rows["step_seconds"] == "`15200.0` over the last 80 of 200 steps, 190.0 s a step"
+
+
+def test_the_evaluation_table_puts_each_accuracy_with_its_interval():
+    from hf_rockopd.publishing.card_sections import _eval_rows
+
+    before = {"accuracy": 0.312, "accuracy_low": 0.2578, "accuracy_high": 0.3719, "teacher_accuracy": 0.664,
+              "teacher_accuracy_low": 0.6034, "teacher_accuracy_high": 0.7197, "num_problems": 250}
+    after = {**before, "accuracy": 0.348, "accuracy_low": 0.2917, "accuracy_high": 0.4089}
+    rows = {row["name"]: row for row in _eval_rows(before, after)}
+    assert rows["accuracy"]["before"] == "0.3120 [0.2578, 0.3719]"
+    assert rows["accuracy"]["after"] == "0.3480 [0.2917, 0.4089]" and rows["accuracy"]["delta"] == "+0.0360"
+    assert rows["teacher_accuracy"]["after"] == "0.6640 [0.6034, 0.7197]"
+    assert not {"accuracy_low", "accuracy_high", "teacher_accuracy_low", "teacher_accuracy_high"} & set(rows)

@@ -60,6 +60,10 @@ def test_verdict_writes_result_json_in_its_shape(two_runs, capsys):
     card = open(write_model_card(str(runs["rock_online"]))).read()
     assert "### Verdict on 6 held-out problems" in card and "paired exact McNemar p =" in card
     assert "Against the student trained with the same budget and uniform weights" in card
+    # The teacher's row carries its interval as the students' rows do; so does the before/after table's accuracy.
+    teacher = json.loads((work / "report" / "result_details.json").read_text())["teacher"]
+    assert f"| teacher | {teacher['accuracy']:.3f} [{teacher['low']:.3f}, {teacher['high']:.3f}] |" in card
+    assert "| accuracy_low |" not in card and "| accuracy | " in card
 
 
 def test_checkpoint_curves_share_the_base_point(two_runs):

@@ -117,7 +117,8 @@ def verdict(args: VerdictArguments) -> int:
         policy = policies[run]
         report["verdict"] = {
             "policy": policy, "num_eval_problems": result["num_eval_problems"], "steps": result["steps"],
-            "teacher_accuracy": result["teacher_accuracy"], **result["runs"][policy], **details["runs"][policy],
+            "teacher_accuracy": result["teacher_accuracy"], "teacher": details["teacher"],
+            **result["runs"][policy], **details["runs"][policy],
             "p_value_rocks_vs_uniform": result["p_value_rocks_vs_uniform"],
         }
         write_run_report(run, report)

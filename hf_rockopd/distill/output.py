@@ -108,12 +108,14 @@ def distill_report(
     after: dict[str, Any] | None,
     command: str | None,
     resumed_from_step: int = 0,
+    clock: Any = None,
 ) -> dict[str, Any]:
     """The run report of a distill run (schema: `hf_rockopd.publishing.run_report`), without `total_seconds`.
 
     `script`, `args` and `model_args` are the run's `DistillArguments`, trainer config and `StudentModelConfig`;
     `before` and `after` the evaluations' dicts (or None); `resumed_from_step` the checkpoint step this sitting resumed
-    from (0: trained from the start), `train_seconds` this sitting's training time.
+    from (0: trained from the start), `train_seconds` this sitting's training time, `clock` the run's
+    [`~hf_rockopd.trainers.clock.TrainingClock`] (its time inside optimizer steps over every sitting; None: not timed).
 
     Example:
     ```python
@@ -152,6 +154,9 @@ def distill_report(
             # This sitting's training time: a resumed run's earlier sittings are not in it, so its time per step is
             # train_seconds / (global_step - resumed_from_step).
             "train_seconds": round(train_seconds, 1),
+            # The time inside optimizer steps over every sitting, and how many steps it covers (fewer than
+            # global_step when a sitting ran before the clock existed). Saves and evaluations between steps are not in it.
+            **({"step_seconds": round(clock.seconds, 1), "timed_steps": clock.steps} if clock is not None else {}),
             # The optimizer steps really taken (a resumed run counts its earlier sittings' steps too).
             "global_step": trainer.state.global_step,
             "resumed_from_step": resumed_from_step,

@@ -63,6 +63,7 @@ from .resume import check_resume, finished_run, record_run_settings, resume_sett
 from .output import clean_saved_config, compact_progress, distill_report
 from ..utils.memory import release_free_memory
 from ..publishing.run_report import CARD_NAME, load_run_report, write_run_report
+from ..trainers.clock import TrainingClock
 from ..trainers.config import RockOPDConfig
 from ..trainers.data import OnPolicyChatMLCollator, check_prompt_lengths
 from .trainer_choice import build_trainer, distillation_config
@@ -336,6 +337,8 @@ def run_distillation(
             # gradients (the adapters before them train as they did, tests/test_packing.py).
             phases("student's frozen layers packed", f"{pack_frozen_linears(trainer.model)} linear layers")
         compact_progress(trainer)
+        # The time inside optimizer steps over every sitting (saved in each checkpoint): the report's train time.
+        trainer.add_callback(TrainingClock.from_checkpoint(resume_from))
         if checkpoint_eval is not None:
             trainer.add_callback(checkpoint_eval)
         phases(
@@ -381,6 +384,7 @@ def run_distillation(
         script, args, model_args,
         trainer=trainer, teacher_source=teacher.source, student_info=student_info,
         num_train=len(train_prompts), num_eval=len(data.problems), train_seconds=train_seconds,
+        clock=TrainingClock.of(trainer),
         # Both columns use the rock set found in training (there is none before it).
         before=before.with_rock_ids(rock_ids).to_dict() if before else None,
         after=after.with_rock_ids(rock_ids).to_dict() if after else None,

@@ -104,17 +104,31 @@ def _token_cell(token: Any) -> str:
     return f"{cell} (part of a multi-byte character)" if "\ufffd" in token else cell
 
 
+# Accuracies whose 95 % Wilson bounds (`<name>_low`, `<name>_high`) go in their own cell: `0.3120 [0.2578, 0.3719]`.
+_WITH_INTERVAL = ("accuracy", "teacher_accuracy")
+
+
+def _with_interval(result: Mapping[str, Any], key: str) -> str:
+    low, high = result.get(f"{key}_low"), result.get(f"{key}_high")
+    cell = _number(result.get(key))
+    if key in _WITH_INTERVAL and isinstance(low, float) and isinstance(high, float):
+        cell += f" [{_float(low)}, {_float(high)}]"
+    return cell
+
+
 def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, str]]:
     extra = sorted(
         k for k in {*before, *after}
         if k not in EVAL_FIELDS and k != "settings" and not isinstance(before.get(k, after.get(k)), (dict, list))
     )
+    bounds = {f"{key}_{end}" for key in _WITH_INTERVAL for end in ("low", "high")}
     rows = []
     for key in [*EVAL_FIELDS, *extra]:
-        if key not in before and key not in after:
+        if (key not in before and key not in after) or key in bounds:
             continue
         b, a = before.get(key), after.get(key)
-        rows.append({"name": key, "before": _number(b), "after": _number(a), "delta": _delta(b, a)})
+        rows.append({"name": key, "before": _with_interval(before, key), "after": _with_interval(after, key),
+                     "delta": _delta(b, a)})
     return rows
 
 
@@ -282,6 +296,16 @@ def _interval(row: Mapping[str, Any]) -> str:
     return f"{row['estimate']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
 
 
+def _teacher_cell(accuracy: float | None, interval: Mapping[str, Any] | None) -> str:
+    """The teacher's accuracy, with its Wilson interval when the verdict kept it (verdicts before it did: without)."""
+    if accuracy is None:
+        return "—"
+    low, high = (interval or {}).get("low"), (interval or {}).get("high")
+    if low is None or high is None:
+        return f"{accuracy:.3f}"
+    return _interval({"estimate": accuracy, "low": low, "high": high})
+
+
 def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The held-out verdict written by `hf-rockopd verdict` (None: the run was not judged that way)."""
     if not verdict:
@@ -295,7 +319,7 @@ def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "policy": verdict["policy"],
         "before": _interval(verdict["before"]),
         "after": _interval(verdict["after"]),
-        "teacher": f"{teacher:.3f}" if teacher is not None else "—",
+        "teacher": _teacher_cell(teacher, verdict.get("teacher")),
         "p_value": f"{verdict['p_value_vs_before']:.2g}",
         "gained": verdict["vs_before"]["only_first"],
         "lost": verdict["vs_before"]["only_second"],

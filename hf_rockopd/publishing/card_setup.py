@@ -46,7 +46,7 @@ SETTING_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimization", ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                       "lr_scheduler_type", "warmup_steps", "num_train_epochs", "beta", "loss_temperature", "seed")),
     ("generation", ("lmbda", "max_new_tokens", "temperature")),
-    ("run", ("global_step", "resumed_from_step", "train_seconds", "total_seconds")),
+    ("run", ("global_step", "resumed_from_step", "step_seconds", "train_seconds", "total_seconds")),
 )
 # Settings that change nothing a reader needs: memory chunking. Epochs and warm-up are dropped when they cannot act
 # (see `setting_rows`).
@@ -230,6 +230,13 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         # A resumed run's report times its last sitting only: 0.1 s for a run that resumed its last checkpoint.
         at = next(i for i, row in enumerate(rows) if row[1] == "train_seconds")
         rows[at] = (*rows[at][:2], f"{rows[at][2]} (the last sitting only, after step {training['resumed_from_step']})")
+    timed = training.pop("timed_steps", None)
+    if timed and "step_seconds" in training:
+        # The time inside optimizer steps over every sitting (hf_rockopd.trainers.clock): say which steps it covers.
+        at = next(i for i, row in enumerate(rows) if row[1] == "step_seconds")
+        steps = training.get("global_step") or timed
+        covered = f"all {timed} steps" if timed >= steps else f"the last {timed} of {steps} steps"
+        rows[at] = (*rows[at][:2], f"{rows[at][2]} over {covered}, {training['step_seconds'] / timed:.1f} s a step")
     rows += [
         ("other", key, f"`{format_setting(value)}`")
         for key, value in sorted(training.items())
