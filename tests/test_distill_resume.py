@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "distill_then_sigkill.py")
 
 
-def run(work, output, kill="none"):
+def run(work, output, kill="none", *extra):
     env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, SCRIPT, str(work), str(output), kill], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, SCRIPT, str(work), str(output), kill, *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -107,6 +107,22 @@ def test_killed_at_the_last_checkpoint_resumes_without_another_step(runs):
     assert report["global_step"] == 6 and report["resumed_from_step"] == 6
     # Nothing trained in this sitting, but the clock read from checkpoint-6 still holds the six steps' time.
     assert report["timed_steps"] == 6 and report["step_seconds"] > report["train_seconds"]
+
+
+def test_a_checkpoint_of_another_run_is_evaluated_on_the_validation_slice_without_training(runs):
+    # How the real-budget report puts a run's intermediate checkpoints on the validation slice: max_steps at the
+    # checkpoint's step, resume_from_checkpoint naming it, a new output_dir.
+    work, _ = runs
+    checkpoint = work / "full" / "checkpoint-4"
+    at4 = run(work, work / "at4", "none", "--max_steps", "4", "--resume_from_checkpoint", str(checkpoint),
+              "--eval_on", "validation", "--checkpoint_eval_problems", "0")
+    assert at4.returncode == 0, at4.stderr[-3000:]
+    assert not [name for name in os.listdir(work / "at4") if name.startswith("checkpoint-")]  # nothing trained
+    for key, weight in _adapter(checkpoint).items():
+        torch.testing.assert_close(weight, _adapter(work / "at4")[key], rtol=0, atol=0, msg=key)
+    report = json.loads((work / "at4" / "run_report.json").read_text())
+    assert report["training"]["global_step"] == 4 and report["eval"]["after"]["num_problems"] == 2
+    assert report["training"]["timed_steps"] == 4  # the clock of the sitting that trained them, read back
 
 
 def test_a_finished_run_run_again_does_nothing(runs, tmp_path):

@@ -11,7 +11,8 @@ evaluated at each checkpoint), optionally SIGKILLing itself somewhere in the mid
 
 WORK_DIR holds the tiny teacher and data (made by the test); the evaluation cache is WORK_DIR/shared, so several
 runs share the teacher's reference and the base student's evaluation. The same command with `none` resumes a killed
-run: that is what a user types again.
+run: that is what a user types again. Options after KILL are passed on to `hf-rockopd distill`, after (and so over)
+the script's own.
 """
 
 import os
@@ -38,7 +39,7 @@ class SigkillOnSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(work_dir: str, output_dir: str, kill: str) -> int:
+def main(work_dir: str, output_dir: str, kill: str, *extra: str) -> int:
     if kill in ("train", "last_checkpoint"):
         build = distill_run.build_trainer
 
@@ -69,6 +70,7 @@ def main(work_dir: str, output_dir: str, kill: str) -> int:
         "--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--seed", "0", "--output_dir", output_dir,
         "--rock_policy", "rock_online", "--rock_policy_kwargs",
         '{"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 5, "min_count": 1}',
+        *extra,  # options after KILL override these (argparse keeps an option's last value)
     ])
 
 
