@@ -1,7 +1,7 @@
 """The settings candidates of the real-budget run, judged on the validation slice: one row per finished candidate run.
 
     python examples/reports/real_budget/validation.py RUN_DIR [RUN_DIR ...] [--shared SHARED_DIR] [--json OUT]
-        [--resumed-from RUN_NAME=STEP]
+        [--resumed-from RUN_NAME=STEP] [--base EVAL_JSON]
 
 Each RUN_DIR is a `hf-rockopd distill --eval_on validation` run (see README.md here); SHARED_DIR is their common
 `eval_cache_dir`, whose teacher reference gives the teacher's accuracy and cut rate on the same problems. Prints a
@@ -17,22 +17,34 @@ from hf_rockopd.evaluation.paired import mcnemar_exact
 from hf_rockopd.evaluation.quality import accuracy_interval
 
 
-def correct(run_dir: str, stage: str) -> list[bool]:
-    """Which validation problems the run's student solved `before` or `after` training (eval_<stage>.json)."""
-    with open(os.path.join(run_dir, f"eval_{stage}.json")) as f:
+def correct(run_dir: str, stage: str, base: str | None = None) -> list[bool]:
+    """Which validation problems the run's student solved `before` or `after` training (eval_<stage>.json); `base`
+    is read for `before` when the run folder has no eval_before.json (the committed candidates share one)."""
+    path = os.path.join(run_dir, f"eval_{stage}.json")
+    if stage == "before" and not os.path.isfile(path) and base:
+        path = base
+    with open(path) as f:
         return [bool(r["correct"]) for r in json.load(f)["records"]]
 
 
-def candidate(run_dir: str, resumed_from: int | None = None) -> dict:
+def candidate(run_dir: str, resumed_from: int | None = None, base: str | None = None) -> dict:
     with open(os.path.join(run_dir, "run_report.json")) as f:
         report = json.load(f)
     training, history = report["training"], report["log_history"]
     steps = [row for row in history if "loss" in row and "completions/mean_length" in row]
 
     before, after = report["eval"]["before"], report["eval"]["after"]
-    paired = mcnemar_exact(correct(run_dir, "before"), correct(run_dir, "after"))
+    paired = mcnemar_exact(correct(run_dir, "before", base), correct(run_dir, "after"))
     resumed = training.get("resumed_from_step", 0) if resumed_from is None else resumed_from
-    sitting_steps = steps[resumed:]
+    if training.get("timed_steps"):
+        # The training clock (hf_rockopd.trainers.clock): time inside optimizer steps over every sitting.
+        timed, seconds = training["timed_steps"], training["step_seconds"]
+    elif training.get("global_step", len(steps)) > resumed:
+        # Reports from before the clock: this sitting's train_seconds over this sitting's steps.
+        timed, seconds = training.get("global_step", len(steps)) - resumed, training["train_seconds"]
+    else:
+        timed, seconds = 0, None  # a checkpoint evaluated without training, from a run that predates the clock
+    timed_rows = steps[len(steps) - timed:] if timed else []
     return {
         "run": os.path.basename(os.path.normpath(run_dir)),
         "policy": report["policy"]["name"],
@@ -43,11 +55,10 @@ def candidate(run_dir: str, resumed_from: int | None = None) -> dict:
         "lmbda": training["lmbda"],
         "steps": training.get("global_step", len(steps)),
         "train_seconds": training["train_seconds"],
-        # A resumed run's train_seconds is its last sitting's: per step over that sitting's steps only.
-        "seconds_per_step": training["train_seconds"] / max(1, training.get("global_step", len(steps)) - resumed),
+        "seconds_per_step": seconds / timed if timed and seconds else None,
         "resumed_from_step": resumed,
-        "tokens_per_second": sum(row["completions/mean_length"] for row in sitting_steps)
-        * training["per_device_train_batch_size"] / training["train_seconds"] if training["train_seconds"] else None,
+        "tokens_per_second": sum(row["completions/mean_length"] for row in timed_rows)
+        * training["per_device_train_batch_size"] / seconds if timed and seconds else None,
         "clipped_in_training": sum(row["completions/clipped_ratio"] for row in steps) / max(1, len(steps)),
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -81,9 +92,12 @@ def main() -> None:
     # Run reports written before they recorded `training.resumed_from_step` (the lr 1e-4, 2 x 256 candidate, SIGKILLed
     # at step 11 and resumed from checkpoint-10): NAME=STEP.
     parser.add_argument("--resumed-from", action="append", default=[], metavar="RUN_NAME=STEP")
+    # The base student's evaluation with its records (eval_before.json, or the eval_cache_dir's
+    # eval_before.cache.json), for run folders that do not hold their own.
+    parser.add_argument("--base", default=None, metavar="EVAL_JSON")
     args = parser.parse_args()
     resumed = {name: int(step) for name, step in (item.split("=") for item in args.resumed_from)}
-    rows = [candidate(run, resumed.get(os.path.basename(os.path.normpath(run))))
+    rows = [candidate(run, resumed.get(os.path.basename(os.path.normpath(run))), args.base)
             for run in args.runs if os.path.isfile(os.path.join(run, "run_report.json"))]
     found = {"candidates": rows, "teacher": teacher(args.shared) if args.shared else None}
     if found["teacher"]:
@@ -94,9 +108,13 @@ def main() -> None:
     print("| run | lr | batch x tokens | steps | s/step | tokens/s | clipped | accuracy before -> after [95 %] | "
           "gained / lost, McNemar p | teacher-forced divergence before -> after | cut after |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    def cell(value, spec):
+        return "—" if value is None else format(value, spec)
+
     for r in rows:
         print(f"| {r['run']} | {r['learning_rate']:g} | {r['batch']} x {r['max_new_tokens']} | {r['steps']} | "
-              f"{r['seconds_per_step']:.0f} | {r['tokens_per_second']:.1f} | {r['clipped_in_training']:.2f} | "
+              f"{cell(r['seconds_per_step'], '.0f')} | {cell(r['tokens_per_second'], '.1f')} | "
+              f"{r['clipped_in_training']:.2f} | "
               f"{r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} [{r['interval_after'][0]:.3f}, "
               f"{r['interval_after'][1]:.3f}] | {r['gained']} / {r['lost']}, p = {r['p_value_vs_before']:.2f} | "
               f"{r['tf_divergence_before']:.4f} -> {r['tf_divergence_after']:.4f} | {r['cut_after']:.3f} |")
