@@ -436,3 +436,15 @@ def test_prompt_only_chat_dataset_runs_with_verifier_none(tmp_path, tiny_run):
     after = result.report["eval"]["after"]
     assert after["accuracy"] is None and after["num_problems"] == 2 and after["mean_divergence"] > 0
     assert result.report["dataset"]["verifier"] == "none"
+
+
+def test_eval_beta_sets_the_divergence_the_evaluations_report(tmp_path):
+    # A run trained with beta=0.5 is compared with reverse-KL runs on their measure (the real-budget report's beta
+    # candidate); unset, the evaluations report the training's divergence, as before.
+    from hf_rockopd.distill.evaluation import evaluation_beta
+
+    with pytest.raises(ValueError, match=r"eval_beta must be in \[0, 1\].*got 1.5"):
+        DistillArguments(eval_beta=1.5)
+    args = RockOPDConfig(output_dir=str(tmp_path), beta=0.5, report_to="none")
+    assert evaluation_beta(DistillArguments(), args) == 0.5
+    assert evaluation_beta(DistillArguments(eval_beta=1.0), args) == 1.0

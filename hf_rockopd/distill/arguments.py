@@ -74,6 +74,9 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
             Score the teacher-forced divergence against the teacher's top-k log-probabilities on its reference,
             computed once and cached in `eval_cache_dir` (the tail-bin divergence, 1-2 % below the full one at
             k = 64): later evaluations run only the student. `None`: the full divergence, the teacher run each time.
+        eval_beta (`float` or `None`, *optional*, defaults to `None`):
+            The divergence the evaluations report (1 reverse KL, 0 forward KL, between: TRL's generalized JSD).
+            `None`: the training's `beta`. Set it to compare runs trained with different `beta`s on one measure.
         eval_on_policy_divergence (`bool`, *optional*, defaults to `True`):
             Also score the student's own completions against the teacher (a teacher forward per evaluation); off for
             long evaluations whose verdict is accuracy and the teacher-forced divergence.
@@ -123,6 +126,11 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
         metadata={"help": "Teacher-forced divergence against a top-k cache of the teacher on its reference, made once "
                   "(default: the full divergence, the teacher run at each evaluation)."},
     )
+    eval_beta: float | None = field(
+        default=None,
+        metadata={"help": "The evaluations' divergence: 1 reverse KL, 0 forward KL (default: the training's beta). "
+                  "Set it to compare runs trained with different betas on one measure."},
+    )
     eval_on_policy_divergence: bool = field(
         default=True, metadata={"help": "Also score the student's own completions against the teacher."}
     )
@@ -167,6 +175,8 @@ class DistillArguments(ModelPairArguments, DatasetArguments):
                 f"num_eval_problems must be >= 1 unless skip_eval is set, got {self.num_eval_problems}."
             )
         check_at_least(self, "eval_teacher_top_k")
+        if self.eval_beta is not None and not 0.0 <= self.eval_beta <= 1.0:
+            raise ValueError(f"eval_beta must be in [0, 1] (1 reverse KL, 0 forward KL) or None, got {self.eval_beta}.")
         for name in ("num_validation_problems", "checkpoint_eval_problems", "checkpoint_eval_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

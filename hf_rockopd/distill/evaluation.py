@@ -31,7 +31,7 @@ STEP0_CACHE_NAME = "checkpoint_eval_step0.json"
 __all__ = [
     "AFTER_JOURNAL_NAME", "BEFORE_CACHE_NAME", "cached_before_evaluation", "checkpoint_evaluation",
     "distill_teacher_reference", "evaluate_student", "evaluation_dir", "evaluation_key", "evaluation_teachers",
-    "load_cached_evaluation", "outside_teacher", "save_cached_evaluation",
+    "evaluation_beta", "load_cached_evaluation", "outside_teacher", "save_cached_evaluation",
 ]
 
 
@@ -132,6 +132,11 @@ def teacher_forced_cache(teacher, reference, script: DistillArguments, args: Roc
     return CachedTeacher(cache)
 
 
+def evaluation_beta(script: DistillArguments, args: RockOPDConfig) -> float:
+    """The divergence the evaluations report: `eval_beta`, or the training's `beta` when it is unset."""
+    return float(args.beta if script.eval_beta is None else script.eval_beta)
+
+
 def evaluation_key(model, problems, reference, script: DistillArguments, args: RockOPDConfig) -> dict[str, Any]:
     """What an evaluation of `model` depends on: its weights, the problems, the teacher's reference and the
     evaluation's settings. A cached evaluation or a generation journal with another key is not reused."""
@@ -143,7 +148,7 @@ def evaluation_key(model, problems, reference, script: DistillArguments, args: R
         "reference_fingerprint": reference.fingerprint() if reference is not None else None,
         "max_new_tokens": script.eval_max_new_tokens,
         "batch_size": script.eval_batch_size,
-        "beta": args.beta,
+        "beta": evaluation_beta(script, args),
         "temperature": args.loss_temperature,
         "verifier": script.verifier,
         "last_number": script.last_number,
@@ -206,7 +211,7 @@ def evaluate_student(
         teacher_reference=reference,
         max_new_tokens=script.eval_max_new_tokens,
         batch_size=script.eval_batch_size,
-        beta=args.beta,
+        beta=evaluation_beta(script, args),
         temperature=args.loss_temperature,
         verifier=script.verifier,
         last_number=script.last_number,
