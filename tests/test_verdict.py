@@ -82,3 +82,15 @@ def test_verdict_refuses_unfinished_runs_and_duplicate_policies(two_runs, tmp_pa
                      str(tmp_path / "r.json")]) != 0
     assert "more than once" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_curves_teacher_line_is_the_teacher_on_the_curves_problems():
+    # The slice is the first num_problems held-out problems: the teacher's line must be its accuracy there, not on all.
+    from hf_rockopd.commands.verdict import _teacher_on_slice
+
+    records = [{"teacher_correct": flag} for flag in (True, False, True, True)]
+    assert _teacher_on_slice(records, {"uniform": [{"step": 0, "num_problems": 2}]}) == 0.5
+    assert _teacher_on_slice(records, {"uniform": [{"step": 0, "num_problems": 4}]}) == 0.75
+    assert _teacher_on_slice(records, {"uniform": [{"step": 0, "num_problems": 8}]}) is None  # more than evaluated
+    assert _teacher_on_slice([{}] * 4, {"uniform": [{"step": 0, "num_problems": 2}]}) is None  # no teacher answers
+    assert _teacher_on_slice(records, {"uniform": []}) is None

@@ -173,7 +173,8 @@ def plot_checkpoint_curves(
     teacher_accuracy: float | None = None,
 ) -> str:
     """Held-out accuracy (with its Wilson interval) and teacher-forced divergence against the optimizer step, one line
-    per run (`curves` maps a run's name to its `checkpoint_evals.jsonl` rows), to the PNG `path`.
+    per run (`curves` maps a run's name to its `checkpoint_evals.jsonl` rows), to the PNG `path`. `teacher_accuracy`,
+    a dashed line, is the teacher's on the same problems as the curves.
 
     Example:
     ```python
@@ -203,7 +204,8 @@ def plot_checkpoint_curves(
         if divergence:
             divergence_axis.plot(*zip(*divergence), marker="o", markersize=3, label=name, color=line.get_color())
     if teacher_accuracy is not None:
-        accuracy_axis.axhline(teacher_accuracy, color="gray", linestyle="--", linewidth=1, label="teacher")
+        accuracy_axis.axhline(teacher_accuracy, color="gray", linestyle="--", linewidth=1,
+                              label=f"teacher, {teacher_accuracy:.3f}")
     size = next((r.get("num_problems") for rows in curves.values() for r in rows), None)
     accuracy_axis.set_title(f"accuracy on {size} held-out problems (95 % Wilson band)" if size else "accuracy",
                             fontsize=9)
