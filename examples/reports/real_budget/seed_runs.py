@@ -1,0 +1,72 @@
+"""Put this report's committed records where `make distill-long` looks for them, on a machine without `runs/`.
+
+A new machine starts with no `runs/`, so the long run would make its shared phases again (the teacher's reference,
+about 1.5 h; the base student's evaluation, about 40 min) and train `uniform` again (about 4.5 h). The records of
+both are committed here. This script copies them into place:
+
+- `runs/qwen-long/shared/`: the teacher's reference and the base student's evaluation (`partial/`), and the step-0
+  point of the curves (the first row of `uniform/checkpoint_evals.jsonl`, under the base evaluation's cache key).
+  `hf-rockopd distill` reuses each one only if its key matches the models, problems and settings of the command;
+  otherwise it makes it again. The teacher's top-64 cache (38 MB) is not committed and is made again (47 min).
+- `runs/qwen-long/uniform/`: the finished `uniform` run's report, answers and curve, with the base evaluation
+  written as its `eval_before.json`: what `hf-rockopd verdict` reads. Its adapter weights are not committed, so
+  this folder is for the verdict and the card only; `make distill-long` would train `uniform` again in it (it has
+  no `run_settings.json`). Run the `rock_online` and verdict commands themselves instead (the README).
+
+Run from the repository root: `python examples/reports/real_budget/seed_runs.py`. Existing files are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from hf_rockopd.distill.evaluation import BEFORE_CACHE_NAME, STEP0_CACHE_NAME, load_cached_evaluation
+from hf_rockopd.evaluation.teacher_reference import TEACHER_REFERENCE_NAME
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED, UNIFORM = "runs/qwen-long/shared", "runs/qwen-long/uniform"
+
+
+def _copy(source: str, target: str) -> None:
+    if os.path.exists(target):
+        print(f"kept {target} (already there)")
+        return
+    shutil.copyfile(source, target)
+    print(f"{target} <- {os.path.relpath(source, HERE)}")
+
+
+def main() -> None:
+    os.makedirs(SHARED, exist_ok=True)
+    os.makedirs(UNIFORM, exist_ok=True)
+    partial = os.path.join(HERE, "partial")
+    for name in (TEACHER_REFERENCE_NAME, BEFORE_CACHE_NAME, BEFORE_CACHE_NAME + ".tokens.pt"):
+        _copy(os.path.join(partial, name), os.path.join(SHARED, name))
+
+    cache = os.path.join(SHARED, BEFORE_CACHE_NAME)
+    with open(cache, encoding="utf-8") as f:
+        key = json.load(f)["settings"]["cache_key"]
+    base = load_cached_evaluation(cache, key)
+    with open(os.path.join(HERE, "uniform", "checkpoint_evals.jsonl"), encoding="utf-8") as f:
+        step0 = json.loads(f.readline())
+    assert step0["step"] == 0, step0
+    target = os.path.join(SHARED, STEP0_CACHE_NAME)
+    if not os.path.exists(target):
+        # The key `distill.evaluation.checkpoint_evaluation` gives the step-0 line: the base evaluation's, and the
+        # slice's size.
+        with open(target, "w", encoding="utf-8") as f:
+            json.dump({"key": {**key, "head": step0["num_problems"]}, "row": step0}, f)
+        print(f"{target} <- step 0 of uniform/checkpoint_evals.jsonl")
+
+    for name in ("run_report.json", "eval_after.json", "checkpoint_evals.jsonl"):
+        _copy(os.path.join(HERE, "uniform", name), os.path.join(UNIFORM, name))
+    target = os.path.join(UNIFORM, "eval_before.json")
+    if not os.path.exists(target):
+        base.with_rock_ids([]).save(target, include_records=True)  # as the run wrote it: uniform has no rock set
+        print(f"{target} <- {cache}")
+
+
+if __name__ == "__main__":
+    main()
