@@ -1,5 +1,6 @@
 """Shared fixtures: tiny offline models, a ChatML tokenizer, prompt datasets and configs. Nothing touches the Hub."""
 
+import importlib.util
 import os
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -125,3 +126,15 @@ def kind(request):
 @pytest.fixture
 def kind_args(kind, tmp_path):
     return lambda **kw: kind.args(tmp_path / "out", **kw)
+
+
+REAL_BUDGET_REPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "reports",
+                                  "real_budget")
+
+
+def real_budget_script(name: str):
+    """A script of the real-budget report (`examples/reports/real_budget/<name>.py`), imported as a module."""
+    spec = importlib.util.spec_from_file_location(f"real_budget_{name}", os.path.join(REAL_BUDGET_REPORT, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

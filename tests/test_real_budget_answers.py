@@ -1,21 +1,16 @@
 """`examples/reports/real_budget/answers.py` reads the committed validation answers: its counts are the records'
 own, and bad arguments are refused with the expected form."""
 
-import importlib.util
 import json
 import os
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT = os.path.join(ROOT, "examples", "reports", "real_budget")
+from conftest import REAL_BUDGET_REPORT as REPORT
+from conftest import real_budget_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("real_budget_answers", os.path.join(REPORT, "answers.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return real_budget_script("answers")
 
 
 def test_counts_are_the_records_own(tmp_path, capsys):

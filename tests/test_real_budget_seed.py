@@ -1,24 +1,18 @@
 """`examples/reports/real_budget/seed_runs.py` puts the committed records where the long run and the verdict read
 them; the verdict on them gives the committed `uniform` figures again (87 of 250 against the base's 78)."""
 
-import importlib.util
 import json
 import os
 
 import pytest
+from conftest import REAL_BUDGET_REPORT as REPORT
+from conftest import real_budget_script
 
 from hf_rockopd.cli import main as cli_main
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT = os.path.join(ROOT, "examples", "reports", "real_budget")
-
-
 def _seed():
-    spec = importlib.util.spec_from_file_location("real_budget_seed", os.path.join(REPORT, "seed_runs.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main()
+    real_budget_script("seed_runs").main()
 
 
 def test_the_seeded_runs_give_the_committed_uniform_verdict(tmp_path, monkeypatch, capsys):
