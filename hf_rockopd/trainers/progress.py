@@ -11,6 +11,7 @@ trainer.add_callback(CompactProgressCallback())
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from transformers import TrainerCallback
@@ -50,16 +51,20 @@ class CompactProgressCallback(TrainerCallback):
         self._clock = clock
         # Seconds inside optimizer steps (on_step_begin to on_step_end): what a checkpoint's save and evaluation
         # cost between steps is not a step's time, and an evaluation of minutes would make the ETA hours off.
-        self._busy = self._busy_at_log = self._busy_at_begin = 0.0
+        self._busy = self._busy_at_log = 0.0
+        # Each step's time in this sitting: the ETA takes their median, so that one step stalled for minutes (a
+        # process paused with SIGSTOP, the machine swapping) does not stretch the ETA of every step after it.
+        self._step_seconds: list[float] = []
         self._step_started: float | None = None
-        self._last_step = self._begin_step = 0
+        self._last_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         """Start the bar and the step clock."""
         self.progress.on_train_begin(args, state, control, **kwargs)
         # The ETA counts the steps of this process only: a resumed run's earlier steps ran at another time.
-        self._last_step = self._begin_step = state.global_step
-        self._busy_at_log = self._busy_at_begin = self._busy
+        self._last_step = state.global_step
+        self._busy_at_log = self._busy
+        self._step_seconds = []
 
     def on_step_begin(self, args, state, control, **kwargs):
         """Start the step's clock."""
@@ -68,21 +73,23 @@ class CompactProgressCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         """Stop the step's clock and move the bar."""
         if self._step_started is not None:
-            self._busy += self._clock() - self._step_started
+            seconds = self._clock() - self._step_started
+            self._busy += seconds
+            self._step_seconds.append(seconds)
             self._step_started = None
         self.progress.on_step_end(args, state, control, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        """Write the compact line: seconds per step since the previous log and the ETA, both counting only the time
-        inside optimizer steps (not checkpoint saves and evaluations between them)."""
+        """Write the compact line: seconds per step since the previous log, and the ETA from the median step of this
+        sitting; both count only the time inside optimizer steps (not checkpoint saves and evaluations between
+        them)."""
         if not state.is_world_process_zero or self.progress.training_bar is None:
             return
         steps = state.global_step - self._last_step
         seconds = (self._busy - self._busy_at_log) / steps if steps > 0 else None
         line = compact_step_line(logs or {}, state.global_step, state.max_steps, seconds)
-        done = state.global_step - self._begin_step
-        if line is not None and done > 0 and state.max_steps > state.global_step:
-            per_step = (self._busy - self._busy_at_begin) / done
+        if line is not None and self._step_seconds and state.max_steps > state.global_step:
+            per_step = statistics.median(self._step_seconds)
             line += f" | eta {_duration(per_step * (state.max_steps - state.global_step))}"
         if line is not None:
             self._busy_at_log, self._last_step = self._busy, state.global_step
