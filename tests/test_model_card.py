@@ -672,3 +672,19 @@ def test_the_evaluation_table_puts_each_accuracy_with_its_interval():
     assert rows["accuracy"]["after"] == "0.3480 [0.2917, 0.4089]" and rows["accuracy"]["delta"] == "+0.0360"
     assert rows["teacher_accuracy"]["after"] == "0.6640 [0.6034, 0.7197]"
     assert not {"accuracy_low", "accuracy_high", "teacher_accuracy_low", "teacher_accuracy_high"} & set(rows)
+
+
+def test_a_card_without_an_evaluation_says_why():
+    from hf_rockopd.publishing.limitations import limitations
+
+    # The trainer writes a card at every checkpoint: the real-budget run's card at step 10 of 200 said it had skipped
+    # its evaluation and was "200 optimizer steps".
+    at_checkpoint = {"eval": None, "student": {"base_model": "b"}, "distill_args": {},
+                     "training": {"global_step": 10, "max_steps": 200, "per_device_train_batch_size": 2}}
+    lines = limitations(at_checkpoint)
+    assert lines[0].startswith("**Not evaluated yet.** This card was written at step 10 of 200, during training")
+    assert lines[1].startswith("**A short run.** 10 optimizer steps of 2 prompts each")
+    finished = {**at_checkpoint, "training": {"global_step": 200, "max_steps": 200}}
+    assert limitations(finished)[0].startswith("**Not evaluated.** The run skipped the evaluation (`skip_eval`)")
+    trainer_only = {"eval": None, "student": {"base_model": "b"}, "training": {"global_step": 50, "max_steps": 50}}
+    assert limitations(trainer_only)[0].startswith("**Not evaluated.** The trainer wrote this card")

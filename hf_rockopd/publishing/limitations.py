@@ -121,7 +121,7 @@ def _divergence(after: Mapping[str, Any], before: Mapping[str, Any] | None) -> l
 def _run(report: Mapping[str, Any]) -> list[str]:
     lines = []
     training, dataset = report.get("training") or {}, report.get("dataset") or {}
-    steps, batch = training.get("max_steps"), training.get("per_device_train_batch_size")
+    steps, batch = _steps_trained(training), training.get("per_device_train_batch_size")
     if isinstance(steps, int) and 0 < steps < SHORT_RUN_STEPS:
         seen = f" of {batch} prompts each" if batch else ""
         prompts = f", from {dataset['num_train']} training prompts" if dataset.get("num_train") else ""
@@ -139,13 +139,35 @@ def _run(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _steps_trained(training: Mapping[str, Any]) -> int | None:
+    """The steps the model has: `global_step` when recorded (a card written at a checkpoint has fewer than
+    `max_steps`), else `max_steps`."""
+    done = training.get("global_step")
+    return done if isinstance(done, int) and done > 0 else training.get("max_steps")
+
+
+def _not_evaluated(report: Mapping[str, Any]) -> str:
+    """Why the card has no held-out evaluation: training still under way (the trainer writes a card at each
+    checkpoint), a `distill` run with `--skip_eval`, or a trainer used on its own."""
+    training = report.get("training") or {}
+    done, planned = training.get("global_step"), training.get("max_steps")
+    if isinstance(done, int) and isinstance(planned, int) and 0 <= done < planned:
+        return (f"**Not evaluated yet.** This card was written at step {done} of {planned}, during training: the run's "
+                "held-out evaluation, if it has one, comes at its end.")
+    if report.get("distill_args") is not None:
+        return ("**Not evaluated.** The run skipped the evaluation (`skip_eval`): nothing here measures what the "
+                "student can do.")
+    return ("**Not evaluated.** The trainer wrote this card and no held-out evaluation is recorded: nothing here "
+            "measures what the student can do (`hf-rockopd distill` evaluates before and after training).")
+
+
 def limitations(report: Mapping[str, Any]) -> list[str]:
     """The card's limitations (Markdown sentences, one per bullet), computed from the run report `report`.
 
     Example:
     ```python
     >>> from hf_rockopd.publishing.limitations import limitations
-    >>> print(limitations({"eval": None, "student": {"base_model": "b"}})[0])
+    >>> print(limitations({"eval": None, "student": {"base_model": "b"}, "distill_args": {}})[0])
     **Not evaluated.** The run skipped the evaluation (`skip_eval`): nothing here measures what the student can do.
     ```
     """
@@ -153,10 +175,7 @@ def limitations(report: Mapping[str, Any]) -> list[str]:
     before, after = evaluation.get("before"), evaluation.get("after")
     lines = []
     if not after:
-        lines.append(
-            "**Not evaluated.** The run skipped the evaluation (`skip_eval`): nothing here measures what the student "
-            "can do."
-        )
+        lines.append(_not_evaluated(report))
     else:
         lines += _accuracy(after, before) + _behaviour(after, before) + _divergence(after, before)
     lines += _run(report)
