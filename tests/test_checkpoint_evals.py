@@ -9,7 +9,13 @@ import pytest
 
 from hf_rockopd import RockOPDConfig
 from hf_rockopd.distill import DistillArguments, run_distillation
-from hf_rockopd.distill.checkpoints import CheckpointEvaluation, check_checkpoint_eval_steps, read_checkpoint_evals
+from hf_rockopd.distill.checkpoints import (
+    CheckpointEvaluation,
+    check_checkpoint_eval_steps,
+    read_checkpoint_evals,
+    save_step0_line,
+    step0_key,
+)
 from hf_rockopd.distill.resume import check_resume, record_run_settings, resume_settings
 
 
@@ -22,7 +28,7 @@ def _result(step):
 class _Sitting:
     """One training sitting: the callback's hooks called as transformers' Trainer calls them."""
 
-    def __init__(self, path, every, start):
+    def __init__(self, path, every, start, **cache):
         self.evaluated = []
         self.state = SimpleNamespace(global_step=start, is_world_process_zero=True)
 
@@ -30,7 +36,7 @@ class _Sitting:
             self.evaluated.append(self.state.global_step)
             return _result(self.state.global_step)
 
-        self.callback = CheckpointEvaluation(path, evaluate, on_line=lambda text: None, every=every)
+        self.callback = CheckpointEvaluation(path, evaluate, on_line=lambda text: None, every=every, **cache)
         self.callback.on_train_begin(None, self.state, None, model=object())
 
     def save(self, step):
@@ -59,6 +65,18 @@ def test_every_checkpoint_by_default(tmp_path):
     for step in (1, 2, 3):
         sitting.save(step)
     assert sitting.evaluated == [0, 1, 2, 3]
+
+
+def test_a_step0_line_saved_by_hand_is_reused_under_its_key_only(tmp_path):
+    """A report puts a finished run's step-0 line back with `save_step0_line` (examples/reports/real_budget/
+    seed_runs.py): a run under the same key reuses it, a run on another slice evaluates its base student again."""
+    cache, key = tmp_path / "step0.json", step0_key({"student": "s", "problems": "held-out"}, 3)
+    save_step0_line(cache, key, {"step": 0, **vars(_result(7)), "seconds": 1.0})
+    reused = _Sitting(tmp_path / "a.jsonl", every=0, start=0, step0_cache=str(cache), key=key)
+    assert reused.evaluated == [] and read_checkpoint_evals(tmp_path / "a.jsonl")[0]["accuracy"] == 0.07
+    other = _Sitting(tmp_path / "b.jsonl", every=0, start=0, step0_cache=str(cache),
+                     key=step0_key({"student": "s", "problems": "held-out"}, 4))
+    assert other.evaluated == [0] and read_checkpoint_evals(tmp_path / "b.jsonl")[0]["accuracy"] == 0.0
 
 
 def test_bad_checkpoint_eval_steps_are_refused():

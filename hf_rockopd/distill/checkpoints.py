@@ -28,7 +28,14 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["CHECKPOINT_EVALS_NAME", "CheckpointEvaluation", "check_checkpoint_eval_steps", "read_checkpoint_evals"]
+__all__ = [
+    "CHECKPOINT_EVALS_NAME",
+    "CheckpointEvaluation",
+    "check_checkpoint_eval_steps",
+    "read_checkpoint_evals",
+    "save_step0_line",
+    "step0_key",
+]
 
 CHECKPOINT_EVALS_NAME = "checkpoint_evals.jsonl"
 _FIELDS = ("accuracy", "accuracy_low", "accuracy_high", "cut_ratio", "loop_rate", "finished_rate",
@@ -84,6 +91,39 @@ def read_checkpoint_evals(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [rows[step] for step in sorted(rows)]
 
 
+def step0_key(base_key: dict[str, Any], num_problems: int) -> dict[str, Any]:
+    """The key of the cached step-0 line: the base student's evaluation key and the slice's size.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.distill.checkpoints import step0_key
+    >>> step0_key({"student": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, 32)
+    {'student': 'Qwen/Qwen2.5-Coder-0.5B-Instruct', 'head': 32}
+    ```
+    """
+    return {**base_key, "head": num_problems}
+
+
+def save_step0_line(path: str | os.PathLike, key: dict[str, Any], row: dict[str, Any]) -> None:
+    """Write the base student's step-0 line where `CheckpointEvaluation(step0_cache=path, key=key)` reads it back.
+
+    The file is replaced atomically, so a kill leaves the old line or the new one. A report that commits a finished
+    run's step-0 line can put it back with this on a new machine, instead of evaluating the base student again.
+
+    Example:
+    ```python
+    >>> import os, tempfile
+    >>> from hf_rockopd.distill.checkpoints import save_step0_line, step0_key
+    >>> path = os.path.join(tempfile.mkdtemp(), "step0.json")
+    >>> save_step0_line(path, step0_key({"student": "s"}, 32), {"step": 0, "accuracy": 0.1875})
+    ```
+    """
+    path = os.fspath(path)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"key": key, "row": row}, f)
+    os.replace(path + ".tmp", path)
+
+
 class CheckpointEvaluation(TrainerCallback):
     """Trainer callback: evaluate the student at the start (step 0, or the checkpoint resumed from) and at each save.
 
@@ -136,9 +176,7 @@ class CheckpointEvaluation(TrainerCallback):
             row = {"step": step, **{name: getattr(result, name) for name in _FIELDS},
                    "seconds": round(time.perf_counter() - started, 1)}
             if step == 0 and self.step0_cache is not None:
-                with open(self.step0_cache + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump({"key": self.key, "row": row}, f)
-                os.replace(self.step0_cache + ".tmp", self.step0_cache)
+                save_step0_line(self.step0_cache, self.key, row)
         self._append(row)
         self.on_line(
             f"step {step}: accuracy {row['accuracy']:.3f} "

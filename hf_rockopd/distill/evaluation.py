@@ -238,7 +238,7 @@ def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: Disti
     `checkpoint_eval_problems` problems at step 0 and at each save (each `checkpoint_eval_steps`-th step's); None
     when the run saves no checkpoint or asks for none. Its step-0 line is cached in `evaluation_dir` under the base
     student's `base_key`."""
-    from .checkpoints import CHECKPOINT_EVALS_NAME, CheckpointEvaluation
+    from .checkpoints import CHECKPOINT_EVALS_NAME, CheckpointEvaluation, step0_key
 
     n = script.checkpoint_eval_problems
     if n < 1 or str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
@@ -250,7 +250,7 @@ def checkpoint_evaluation(teacher, tokenizer, problems, reference, script: Disti
 
     return CheckpointEvaluation(
         os.path.join(args.output_dir, CHECKPOINT_EVALS_NAME), evaluate,
-        step0_cache=os.path.join(evaluation_dir(script, args), STEP0_CACHE_NAME), key={**base_key, "head": n},
+        step0_cache=os.path.join(evaluation_dir(script, args), STEP0_CACHE_NAME), key=step0_key(base_key, n),
         on_line=(lambda text: on_line("checkpoint evaluation", text)) if on_line is not None else None,
         every=script.checkpoint_eval_steps,
     )

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 
+from hf_rockopd.distill.checkpoints import save_step0_line, step0_key
 from hf_rockopd.distill.evaluation import BEFORE_CACHE_NAME, STEP0_CACHE_NAME, load_cached_evaluation
 from hf_rockopd.evaluation.teacher_reference import TEACHER_REFERENCE_NAME
 
@@ -54,10 +55,7 @@ def main() -> None:
     assert step0["step"] == 0, step0
     target = os.path.join(SHARED, STEP0_CACHE_NAME)
     if not os.path.exists(target):
-        # The key `distill.evaluation.checkpoint_evaluation` gives the step-0 line: the base evaluation's, and the
-        # slice's size.
-        with open(target, "w", encoding="utf-8") as f:
-            json.dump({"key": {**key, "head": step0["num_problems"]}, "row": step0}, f)
+        save_step0_line(target, step0_key(key, step0["num_problems"]), step0)
         print(f"{target} <- step 0 of uniform/checkpoint_evals.jsonl")
 
     for name in ("run_report.json", "eval_after.json", "checkpoint_evals.jsonl"):
