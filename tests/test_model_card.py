@@ -688,3 +688,54 @@ def test_a_card_without_an_evaluation_says_why():
     assert limitations(finished)[0].startswith("**Not evaluated.** The run skipped the evaluation (`skip_eval`)")
     trainer_only = {"eval": None, "student": {"base_model": "b"}, "training": {"global_step": 50, "max_steps": 50}}
     assert limitations(trainer_only)[0].startswith("**Not evaluated.** The trainer wrote this card")
+
+
+def _verdict(p_value, gained, lost, before=78, after=87, n=250):
+    """A run report's `verdict`, as `hf-rockopd verdict` writes it (the real-budget `uniform` run's figures)."""
+    def interval(k):
+        return {"successes": k, "trials": n, "estimate": k / n, "low": k / n - 0.05, "high": k / n + 0.06}
+
+    return {
+        "policy": "uniform", "num_eval_problems": n, "steps": 200, "teacher_accuracy": 0.664,
+        "teacher": {"accuracy": 0.664, "low": 0.603, "high": 0.720},
+        "accuracy_before": before / n, "accuracy_after": after / n, "p_value_vs_before": p_value,
+        "cut_after": 0.028, "loops_after": 0.004, "tf_divergence_before": 0.1414, "tf_divergence_after": 0.1099,
+        "before": interval(before), "after": interval(after),
+        "vs_before": {"num_problems": n, "only_first": gained, "only_second": lost, "p_value": p_value},
+        "gap_closed": 0.102, "p_value_rocks_vs_uniform": None,
+    }
+
+
+def test_a_gain_the_paired_test_cannot_tell_from_chance_is_stated(tmp_path, tokenizer):
+    report = make_report()
+    report["eval"] = {"before": eval_result(0.312, 0.1414, 65800), "after": eval_result(0.348, 0.1099, 68583)}
+    report["verdict"] = _verdict(0.3135, gained=36, lost=27)
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    text = render_model_card(run).text
+    bullets = [line for line in section(text, "Limitations").splitlines() if line.startswith("- ")]
+    assert bullets[0] == (
+        "- **Not significantly better than its base.** On 250 held-out problems its accuracy went from 31.2 % to "
+        "34.8 %: it solves 36 problems its base did not and misses 27 it solved, paired exact McNemar p = 0.31 (at "
+        "or above 0.05), so a gain of this size is within what chance gives."
+    )
+    # The verdict's rates are percentages of its problems, with the counts.
+    assert "Cut answers 2.8 % (7 of 250), answers with a loop 0.4 % (1 of 250)." in text
+
+    # A significant gain needs no such line.
+    report["verdict"] = _verdict(0.003, gained=40, lost=15, after=103)
+    (run / "run_report.json").write_text(json.dumps(report))
+    assert "Not significantly better" not in section(render_model_card(run).text, "Limitations")
+
+
+def test_repeated_4grams_at_the_base_students_level_are_not_a_limitation(tmp_path, tokenizer):
+    # Step-by-step math repeats its expressions: the base Qwen student repeats 23 % of its 4-grams with no loop.
+    report = make_report()
+    report["eval"] = {"before": {**eval_result(0.312, 0.1414, 65800), "repeated_ngram_fraction": 0.227},
+                      "after": {**eval_result(0.348, 0.1099, 68583), "repeated_ngram_fraction": 0.220,
+                                "loop_rate": 0.004}}
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    assert "**Loops.**" not in section(render_model_card(run).text, "Limitations")
+    # Risen well above the base student's share, it is one.
+    report["eval"]["after"]["repeated_ngram_fraction"] = 0.35
+    (run / "run_report.json").write_text(json.dumps(report))
+    assert "**Loops.** 0.4 % of its answers contain a loop" in section(render_model_card(run).text, "Limitations")

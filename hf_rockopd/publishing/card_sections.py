@@ -306,6 +306,13 @@ def _teacher_cell(accuracy: float | None, interval: Mapping[str, Any] | None) ->
     return _interval({"estimate": accuracy, "low": low, "high": high})
 
 
+def _share(value: Any, n: int) -> str:
+    """A rate of the verdict's `n` answers as a percentage and a count: 0.028 of 250 -> '2.8 % (7 of 250)'."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "—"
+    return f"{100 * value:.1f} % ({round(value * n)} of {n})"
+
+
 def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The held-out verdict written by `hf-rockopd verdict` (None: the run was not judged that way)."""
     if not verdict:
@@ -326,8 +333,8 @@ def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "gap_closed": f"{100 * gap:.0f} %" if gap is not None else None,
         "tf_before": _number(verdict.get("tf_divergence_before")),
         "tf_after": _number(verdict.get("tf_divergence_after")),
-        "cut": _number(verdict.get("cut_after")),
-        "loops": _number(verdict.get("loops_after")),
+        "cut": _share(verdict.get("cut_after"), verdict["num_eval_problems"]),
+        "loops": _share(verdict.get("loops_after"), verdict["num_eval_problems"]),
         "rocks_vs_uniform": f"{rocks:.2g}" if rocks is not None else None,
     }
 

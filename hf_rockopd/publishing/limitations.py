@@ -25,13 +25,26 @@ from ..models.sources import describe_model_source
 from .card_setup import public_name
 
 
-__all__ = ["CLIPPED_LIMIT", "LOOP_LIMIT", "NEAR_ZERO_ACCURACY", "SHORT_RUN_STEPS", "SMALL_EVAL", "limitations"]
+__all__ = [
+    "CLIPPED_LIMIT",
+    "LOOP_LIMIT",
+    "NEAR_ZERO_ACCURACY",
+    "REPEAT_RISE",
+    "SHORT_RUN_STEPS",
+    "SIGNIFICANCE",
+    "SMALL_EVAL",
+    "limitations",
+]
 
 NEAR_ZERO_ACCURACY = 0.10  # at or below: "at or near zero" (1 of 16 is 6 %: near zero on GSM8K)
 CLIPPED_LIMIT = 0.10  # a larger share of answers cut at the token limit is reported
 LOOP_LIMIT = 0.10  # a larger share of looping answers (or of repeated 4-grams) is reported
 SMALL_EVAL = 100  # fewer held-out problems than this: the interval is wide, say so
 SHORT_RUN_STEPS = 500  # fewer optimizer steps: a demonstration run
+# Step-by-step math answers repeat their own expressions: the base Qwen2.5-Coder-0.5B student repeats 23 % of its
+# 4-grams with no loop at all. With a base evaluation, a high repeated share is reported only when it rose this much.
+REPEAT_RISE = 0.05
+SIGNIFICANCE = 0.05  # a verdict's paired p-value at or above this: the gain over the base may be chance
 
 
 def _pct(value: float) -> str:
@@ -82,7 +95,11 @@ def _behaviour(after: Mapping[str, Any], before: Mapping[str, Any] | None) -> li
             f"{_was(before, 'clipped_ratio')}; a cut answer has no final number to grade."
         )
     loops, repeated = _number(after, "loop_rate"), _number(after, "repeated_ngram_fraction")
-    if (loops or 0) >= LOOP_LIMIT or (repeated or 0) >= LOOP_LIMIT:
+    repeated_before = _number(before, "repeated_ngram_fraction")
+    repeats_more = (repeated or 0) >= LOOP_LIMIT and (
+        repeated_before is None or repeated > repeated_before + REPEAT_RISE
+    )
+    if (loops or 0) >= LOOP_LIMIT or repeats_more:
         parts = []
         if loops is not None:
             parts.append(f"{_pct(loops)} of its answers contain a loop{_was(before, 'loop_rate')}")
@@ -116,6 +133,26 @@ def _divergence(after: Mapping[str, Any], before: Mapping[str, Any] | None) -> l
     elif own is not None and own_before is not None and own > own_before:
         lines.append(f"**Divergence rose.** The on-policy divergence rose from {own_before:.4f} to {own:.4f}.")
     return lines
+
+
+def _significance(verdict: Mapping[str, Any] | None) -> list[str]:
+    """The held-out verdict's paired test (`hf-rockopd verdict`): a higher accuracy is not a better model until the
+    paired p-value says the gain is unlikely to be chance."""
+    if not verdict or verdict.get("p_value_vs_before") is None:
+        return []
+    p, before, after = verdict["p_value_vs_before"], verdict["accuracy_before"], verdict["accuracy_after"]
+    if p < SIGNIFICANCE or after <= before:
+        return []
+    changes = verdict.get("vs_before") or {}
+    churn = ""
+    if changes.get("only_first") is not None and changes.get("only_second") is not None:
+        churn = (f"it solves {changes['only_first']} problems its base did not and misses {changes['only_second']} "
+                 "it solved, ")
+    return [
+        f"**Not significantly better than its base.** On {verdict['num_eval_problems']} held-out problems its accuracy "
+        f"went from {_pct(before)} to {_pct(after)}: {churn}paired exact McNemar p = {p:.2g} (at or above "
+        f"{SIGNIFICANCE}), so a gain of this size is within what chance gives."
+    ]
 
 
 def _run(report: Mapping[str, Any]) -> list[str]:
@@ -177,6 +214,7 @@ def limitations(report: Mapping[str, Any]) -> list[str]:
     if not after:
         lines.append(_not_evaluated(report))
     else:
+        lines += _significance(report.get("verdict"))
         lines += _accuracy(after, before) + _behaviour(after, before) + _divergence(after, before)
     lines += _run(report)
     base = (report.get("student") or {}).get("base_model")

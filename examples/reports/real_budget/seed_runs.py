@@ -9,7 +9,8 @@ both are committed here. This script copies them into place:
   `hf-rockopd distill` reuses each one only if its key matches the models, problems and settings of the command;
   otherwise it makes it again. The teacher's top-64 cache (38 MB) is not committed and is made again (47 min).
 - `runs/qwen-long/uniform/`: the finished `uniform` run's report, answers and curve, with the base evaluation
-  written as its `eval_before.json`: what `hf-rockopd verdict` reads. Its adapter weights are not committed, so
+  written as its `eval_before.json` and its (empty) `rock_tokens.json`: what `hf-rockopd verdict` and
+  `hf-rockopd card` read. Its adapter weights are not committed, so
   this folder is for the verdict and the card only; `make distill-long` would train `uniform` again in it (it has
   no `run_settings.json`). Run the `rock_online` and verdict commands themselves instead (the README).
 
@@ -25,6 +26,7 @@ import shutil
 from hf_rockopd.distill.checkpoints import save_step0_line, step0_key
 from hf_rockopd.distill.evaluation import BEFORE_CACHE_NAME, STEP0_CACHE_NAME, load_cached_evaluation
 from hf_rockopd.evaluation.teacher_reference import TEACHER_REFERENCE_NAME
+from hf_rockopd.policies.rock_set import ROCK_TOKENS_NAME, write_rock_tokens
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,6 +66,15 @@ def main() -> None:
     if not os.path.exists(target):
         base.with_rock_ids([]).save(target, include_records=True)  # as the run wrote it: uniform has no rock set
         print(f"{target} <- {cache}")
+    if not os.path.exists(os.path.join(UNIFORM, ROCK_TOKENS_NAME)):
+        # `hf-rockopd card` reads it. The `uniform` policy never down-weights a token (its rock_table() is empty), so
+        # this is the file its trainer wrote at the end of training; 151936 is Qwen2.5's vocabulary (embedding rows).
+        with open(os.path.join(UNIFORM, "run_report.json"), encoding="utf-8") as f:
+            step = json.load(f)["training"]["global_step"]
+        teacher = {"source": "in-process", "top_k": None, "divergence": "full vocabulary"}
+        path = write_rock_tokens(UNIFORM, [], vocab_size=151936, policy="uniform", policy_kwargs={}, step=step,
+                                 teacher=teacher)
+        print(f"{path} <- the uniform policy's empty rock set at step {step}")
 
 
 if __name__ == "__main__":
