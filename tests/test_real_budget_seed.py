@@ -1,5 +1,6 @@
 """`examples/reports/real_budget/seed_runs.py` puts the committed records where the long run and the verdict read
-them; the verdict on them gives the committed `uniform` figures again (87 of 250 against the base's 78)."""
+them; the verdict on them gives the committed `uniform` figures again (87 of 250 against the base's 78), and the
+card renders from them."""
 
 import json
 import os
@@ -33,6 +34,11 @@ def test_the_seeded_runs_give_the_committed_uniform_verdict(tmp_path, monkeypatc
     run = result["runs"]["uniform"]
     assert (run["accuracy_before"], run["accuracy_after"]) == (0.312, 0.348)
     assert run["p_value_vs_before"] == pytest.approx(0.3135, abs=1e-4)  # 36 gained, 27 lost
+    # Its card renders from the seeded folder (the adapter's weights are not committed) and carries the verdict.
+    assert cli_main(["card", str(uniform), "--out", str(tmp_path / "card" / "uniform.md")]) == 0
+    card = (tmp_path / "card" / "uniform.md").read_text()
+    assert "| this student | 0.348 [0.292, 0.409] | 0.1099 |" in card
+    assert "**Not significantly better than its base.**" in card and "`uniform` ended training with no rock" in card
 
     # Run again, nothing is overwritten.
     mtimes = {p: p.stat().st_mtime_ns for p in shared.iterdir()}
