@@ -633,6 +633,23 @@ def test_training_curves_panels(tmp_path):
     assert plot_training_curves(history, tmp_path / "c.png", title="t") == str(tmp_path / "c.png")
 
 
+def test_a_long_runs_curves_carry_a_trailing_mean_and_the_card_says_so(tmp_path, tokenizer):
+    from hf_rockopd.publishing.plots import smoothing_window, trailing_mean
+
+    # 200 steps of 2 rollouts: the per-step loss jumps over its range; its 10-step mean is what a reader can follow.
+    points = [(s, 0.2 if s % 2 else 0.1) for s in range(1, 201)]
+    assert smoothing_window(len(points)) == 10
+    assert trailing_mean(points, 10) == [(s, pytest.approx(0.15)) for s in range(10, 201)]
+    report = make_report()
+    report["log_history"] = [{"step": s, "loss": v, "learning_rate": 1e-4} for s, v in points]
+    run, _, _ = make_run(tmp_path, tokenizer, report=report)
+    assert "(faint), with the mean of the last 10 steps on top." in " ".join(render_model_card(run).text.split())
+    # The 6-step default run is drawn as it was, point by point.
+    report["log_history"] = make_report()["log_history"]
+    (run / "run_report.json").write_text(json.dumps(report))
+    assert "mean of the last" not in render_model_card(run).text
+
+
 def test_the_training_table_says_a_resumed_run_and_nothing_for_one_sitting():
     from hf_rockopd.publishing.card_setup import setting_rows
 

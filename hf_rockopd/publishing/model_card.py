@@ -30,7 +30,7 @@ from transformers.utils import logging
 from ..policies.rock_set import decode_rock_rows, load_rock_tokens
 from .card_sections import DEFAULT_TRAINER, EVAL_FIELDS, card_sections, default_license
 from .card_setup import hub_dataset_id, is_hub_id
-from .plots import first_freeze_step, plot_training_curves
+from .plots import first_freeze_step, plot_training_curves, smoothing_window
 from .run_report import (
     CARD_NAME,
     CURVES_NAME,
@@ -143,6 +143,7 @@ def build_model_card(
         template_path=str(template),
         curves_image=curves_image,
         frozen_at=first_freeze_step(log_history),
+        smoothing=smoothing_window(sum(1 for entry in log_history if "loss" in entry)),
         **card_sections(report, rock_tokens, model_id),
     )
 

@@ -4,7 +4,9 @@ Panels are themes, not one per logged key: loss (with the divergence on non-rock
 norm, the token shares (frozen, down-weighted, trained), the rock set's size, the completions' length and clipped
 share, then any other `rock/` metric. A series that carries no information (never finite, or zero at every step, like
 `rock/grad_norm_share` while nothing is measured) is left out, and a series equal to another at every step is drawn
-once and named after both. A dashed line marks the first step where rock tokens were frozen or down-weighted.
+once and named after both. A dashed line marks the first step where rock tokens were frozen or down-weighted. A
+long run's per-step values are noisy (each step is a few sampled completions), so past `SMOOTH_FROM` steps each series
+is drawn faint, with its trailing mean over `smoothing_window` steps on top.
 
 Example:
 ```python
@@ -33,7 +35,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-__all__ = ["PANELS", "first_freeze_step", "plot_checkpoint_curves", "plot_training_curves"]
+__all__ = ["PANELS", "SMOOTH_FROM", "first_freeze_step", "plot_checkpoint_curves", "plot_training_curves",
+           "smoothing_window", "trailing_mean"]
 
 # (panel title, [(logged key, legend label)], y-axis label). Keys not listed here get a panel of their own when they are
 # `rock/` or `completions/` metrics; `train_*` summaries and `epoch` are never drawn.
@@ -52,6 +55,38 @@ PANELS: tuple[tuple[str, tuple[tuple[str, str], ...], str], ...] = (
     ("completions cut at the limit", (("completions/clipped_ratio", "clipped"),), "share"),
 )
 _FREEZE_KEYS = ("rock/frozen_fraction", "rock/down_weighted_fraction")
+# From this many points a series gets a trailing mean: the real-budget run's 200 steps of 2 rollouts each drew loss
+# and clipped-share lines that jump over their whole range from one step to the next.
+SMOOTH_FROM = 50
+
+
+def smoothing_window(num_points: int) -> int:
+    """The trailing mean's width for a series of `num_points`: none (1) below `SMOOTH_FROM`, else about a twentieth
+    of the run, at least 5 steps.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.publishing.plots import smoothing_window
+    >>> smoothing_window(6), smoothing_window(200), smoothing_window(2000)
+    (1, 10, 100)
+    ```
+    """
+    return 1 if num_points < SMOOTH_FROM else max(5, round(num_points / 20))
+
+
+def trailing_mean(points: Sequence[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """The mean of each `window` consecutive points, placed at the last one's step (the first `window - 1` steps
+    have none).
+
+    Example:
+    ```python
+    >>> from hf_rockopd.publishing.plots import trailing_mean
+    >>> trailing_mean([(1, 1.0), (2, 3.0), (3, 5.0), (4, 0.0)], 2)
+    [(2, 2.0), (3, 4.0), (4, 2.5)]
+    ```
+    """
+    values = [v for _, v in points]
+    return [(points[i][0], sum(values[i + 1 - window:i + 1]) / window) for i in range(window - 1, len(points))]
 
 
 def _is_number(value: Any) -> bool:
@@ -109,6 +144,11 @@ def _panels(log_history: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[tu
     return panels
 
 
+def _window(points: list[tuple[int, float]]) -> int:
+    # A constant series (the learning rate of a constant schedule) has nothing to smooth.
+    return 1 if len({v for _, v in points}) == 1 else smoothing_window(len(points))
+
+
 def plot_training_curves(
     log_history: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str | None = None
 ) -> str | None:
@@ -143,7 +183,13 @@ def plot_training_curves(
     for ax, (name, drawn, ylabel) in zip(axes, panels):
         for label, points in drawn:
             steps, values = zip(*points)
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+            window = _window(points)
+            if window == 1:
+                ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+                continue
+            (raw,) = ax.plot(steps, values, linewidth=0.8, alpha=0.3)
+            mean_steps, means = zip(*trailing_mean(points, window))
+            ax.plot(mean_steps, means, color=raw.get_color(), linewidth=1.6, label=f"{label}, mean of {window} steps")
         if frozen_at is not None:
             ax.axvline(frozen_at, color="tab:red", linestyle="--", linewidth=1,
                        label=f"rocks first frozen (step {frozen_at})" if name == "loss" else None)
@@ -158,7 +204,7 @@ def plot_training_curves(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len(drawn) > 1 or (name == "loss" and frozen_at is not None):
+        if len(drawn) > 1 or (name == "loss" and frozen_at is not None) or _window(drawn[0][1]) > 1:
             ax.legend(fontsize=7)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
