@@ -258,6 +258,29 @@ def test_training_writes_rock_tokens_and_policy_state(kind, student, teacher, to
 ONLINE = {"warmup_steps": 1, "refresh_every": 1, "persistence": 1, "top_k": 4, "exclude_top_frequent": 1}
 
 
+def test_a_card_that_fails_to_render_does_not_abort_a_checkpoint(kind, student, teacher, tokenizer, kind_args,
+                                                                 monkeypatch):
+    """TRL writes the card before the checkpoint's weights: a failing card must not leave a checkpoint that cannot be
+    resumed, nor stop the run. Outside a checkpoint (`push_to_hub`) the error is raised as it is."""
+    import hf_rockopd.trainers.common as common
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("'smoothing' is undefined")
+
+    warned = []
+    monkeypatch.setattr(common, "model_card_from_trainer", broken)
+    monkeypatch.setattr(common.logger, "warning", lambda message, *a, **k: warned.append(message))
+    args = kind_args(max_steps=2, save_strategy="steps", save_steps=1, max_new_tokens=8)
+    trainer = kind.make(student, teacher, args, tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    for step in (1, 2):
+        assert os.path.isfile(os.path.join(args.output_dir, f"checkpoint-{step}", "trainer_state.json"))
+    assert sum("the model card was not written (RuntimeError: 'smoothing' is undefined)" in m for m in warned) == 2
+    with pytest.raises(RuntimeError, match="smoothing"):
+        trainer.create_model_card()
+
+
 def test_resume_restores_policy_state_exactly(kind, student, teacher, tokenizer, tmp_path):
     common = dict(
         rock_policy="rock_online",

@@ -351,7 +351,11 @@ class RockTrainerMixin:
             self.rock_engine.save_policy_state(
                 os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             )
-        super()._save_checkpoint(model, trial)
+        self._saving_checkpoint = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._saving_checkpoint = False
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -386,13 +390,26 @@ class RockTrainerMixin:
             return
         if dataset_name is None and dataset is not None:
             dataset_name = dataset if isinstance(dataset, str) else dataset[0]
-        card = model_card_from_trainer(
-            self,
-            model_name=model_name,
-            dataset_name=dataset_name,
-            tags=tags,
-            license=license,
-            language=language,
-            finetuned_from=finetuned_from,
-        )
+        try:
+            card = model_card_from_trainer(
+                self,
+                model_name=model_name,
+                dataset_name=dataset_name,
+                tags=tags,
+                license=license,
+                language=language,
+                finetuned_from=finetuned_from,
+            )
+        except Exception as err:
+            if not getattr(self, "_saving_checkpoint", False):
+                raise
+            # TRL writes the card before the checkpoint's weights: a card that fails to render would abort the save and
+            # the run, leaving a checkpoint folder that cannot be resumed. The card describes the run and is not part of
+            # its state, so the checkpoint goes on without it. (It happened: the template on disk had been upgraded
+            # under a running job whose modules were older.)
+            logger.warning(
+                f"Step {self.state.global_step}: the model card was not written ({type(err).__name__}: {err}); the "
+                f"checkpoint is saved without it. Render it afterwards with `hf-rockopd card {self.args.output_dir}`."
+            )
+            return
         card.save(os.path.join(self.args.output_dir, CARD_NAME))
