@@ -643,7 +643,8 @@ def test_a_long_runs_curves_carry_a_trailing_mean_and_the_card_says_so(tmp_path,
     report = make_report()
     report["log_history"] = [{"step": s, "loss": v, "learning_rate": 1e-4} for s, v in points]
     run, _, _ = make_run(tmp_path, tokenizer, report=report)
-    assert "(faint), with the mean of the last 10 steps on top." in " ".join(render_model_card(run).text.split())
+    assert "each step's sample faint, with the mean of the last 10 steps on top" in " ".join(
+        render_model_card(run).text.split())
     # The 6-step default run is drawn as it was, point by point.
     report["log_history"] = make_report()["log_history"]
     (run / "run_report.json").write_text(json.dumps(report))
@@ -701,6 +702,9 @@ def test_a_card_without_an_evaluation_says_why():
     lines = limitations(at_checkpoint)
     assert lines[0].startswith("**Not evaluated yet.** This card was written at step 10 of 200, during training")
     assert lines[1].startswith("**A short run.** 10 optimizer steps of 2 prompts each")
+    # Nor does its scope claim an evaluation on GSM8K.
+    assert lines[-1] == "**Scope.** Not evaluated on any task, nor for safety or bias. It inherits the limitations of " \
+        "its base model, a local model (`b`)."
     finished = {**at_checkpoint, "training": {"global_step": 200, "max_steps": 200}}
     assert limitations(finished)[0].startswith("**Not evaluated.** The run skipped the evaluation (`skip_eval`)")
     trainer_only = {"eval": None, "student": {"base_model": "b"}, "training": {"global_step": 50, "max_steps": 50}}

@@ -59,7 +59,19 @@ def test_verdict_writes_result_json_in_its_shape(two_runs, capsys):
     # Each run's report now carries its verdict, and its card shows it.
     card = open(write_model_card(str(runs["rock_online"]))).read()
     assert "### Verdict on 6 held-out problems" in card and "paired exact McNemar p =" in card
-    assert "Against the student trained with the same budget and uniform weights" in card
+    # Each card states the rocks-vs-uniform test from its own side, with the other student's accuracy.
+    test = json.loads((work / "report" / "result_details.json").read_text())["rocks_vs_uniform"]
+    flat = " ".join(card.split())
+    assert (f"The student trained with the `uniform` policy on the same budget (seed, prompts and settings) has an "
+            f"accuracy of {test['accuracy_second']:.3f} on these problems: this one solves {test['only_first']} "
+            f"problem{'s' if test['only_first'] != 1 else ''} it does not and misses {test['only_second']} it "
+            f"solves, paired exact McNemar p = {test['p_value']:.2g}.") in flat
+    uniform_card = " ".join(open(write_model_card(str(runs["uniform"]))).read().split())
+    assert (f"The student trained with the `rock_online` policy on the same budget (seed, prompts and settings) "
+            f"has an accuracy of {test['accuracy_first']:.3f} on these problems: this one solves "
+            f"{test['only_second']} problem") in uniform_card
+    assert f"it does not and misses {test['only_first']} it solves" in uniform_card
+    assert "uniform weights" not in uniform_card
     # The teacher's row carries its interval as the students' rows do; so does the before/after table's accuracy.
     teacher = json.loads((work / "report" / "result_details.json").read_text())["teacher"]
     assert f"| teacher | {teacher['accuracy']:.3f} [{teacher['low']:.3f}, {teacher['high']:.3f}] |" in card

@@ -121,6 +121,7 @@ def verdict(args: VerdictArguments) -> int:
             "teacher_accuracy": result["teacher_accuracy"], "teacher": details["teacher"],
             **result["runs"][policy], **details["runs"][policy],
             "p_value_rocks_vs_uniform": result["p_value_rocks_vs_uniform"],
+            **_versus(policy, details.get("rocks_vs_uniform"), args.baseline),
         }
         write_run_report(run, report)
     print(f"{'policy':<14} {'before':>22} {'after':>22} {'p vs before':>12} {'cut':>6} {'loops':>6}")
@@ -134,6 +135,19 @@ def verdict(args: VerdictArguments) -> int:
         print(f"rocks vs uniform after training: paired exact McNemar p = {result['p_value_rocks_vs_uniform']:.4f}")
     print(f"wrote {args.out}, {details_path}")
     return 0
+
+
+def _versus(policy: str, test: dict[str, Any] | None, baseline: str) -> dict[str, Any]:
+    """The rocks-vs-uniform test seen from `policy`'s run: the other policy, its accuracy and the problems only each
+    one solves (the card of either run states it from its own side). Empty for a run outside that comparison."""
+    if not test or policy not in (test["rock_policy"], baseline):
+        return {}
+    mine = "first" if policy == test["rock_policy"] else "second"
+    theirs = "second" if mine == "first" else "first"
+    return {"versus": {
+        "policy": baseline if mine == "first" else test["rock_policy"], "accuracy": test[f"accuracy_{theirs}"],
+        "only_this": test[f"only_{mine}"], "only_other": test[f"only_{theirs}"], "p_value": test["p_value"],
+    }}
 
 
 def _teacher_on_slice(records: list[dict[str, Any]], curves: dict[str, list[dict[str, Any]]]) -> float | None:

@@ -336,7 +336,16 @@ def _verdict(verdict: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "cut": _share(verdict.get("cut_after"), verdict["num_eval_problems"]),
         "loops": _share(verdict.get("loops_after"), verdict["num_eval_problems"]),
         "rocks_vs_uniform": f"{rocks:.2g}" if rocks is not None else None,
+        "versus": _versus(verdict.get("versus")),
     }
+
+
+def _versus(versus: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The other policy of the same budget, as the template states it (None: no such comparison recorded)."""
+    if not versus:
+        return None
+    return {"policy": versus["policy"], "accuracy": f"{versus['accuracy']:.3f}", "only_this": versus["only_this"],
+            "only_other": versus["only_other"], "p_value": f"{versus['p_value']:.2g}"}
 
 
 def card_sections(

@@ -218,8 +218,10 @@ def limitations(report: Mapping[str, Any]) -> list[str]:
         lines += _accuracy(after, before) + _behaviour(after, before) + _divergence(after, before)
     lines += _run(report)
     base = (report.get("student") or {}).get("base_model")
+    # A card written before any evaluation (at a checkpoint, or with skip_eval) cannot say what it was evaluated on.
+    scope = ("Evaluated on GSM8K only (greedy decoding, English grade-school math); not evaluated for safety, bias or "
+             "other tasks." if after else "Not evaluated on any task, nor for safety or bias.")
     lines.append(
-        "**Scope.** Evaluated on GSM8K only (greedy decoding, English grade-school math); not evaluated for safety, "
-        f"bias or other tasks. It inherits the limitations of its base model{f', {public_name(base)}' if base else ''}."
+        f"**Scope.** {scope} It inherits the limitations of its base model{f', {public_name(base)}' if base else ''}."
     )
     return lines

@@ -58,6 +58,9 @@ _FREEZE_KEYS = ("rock/frozen_fraction", "rock/down_weighted_fraction")
 # From this many points a series gets a trailing mean: the real-budget run's 200 steps of 2 rollouts each drew loss
 # and clipped-share lines that jump over their whole range from one step to the next.
 SMOOTH_FROM = 50
+# Panels of states, not per-step samples: the rock set's size changes in steps at each refresh, and a mean would draw
+# that step as a ramp.
+_NOT_SMOOTHED = frozenset({"learning rate", "rock set", "rock set stability"})
 
 
 def smoothing_window(num_points: int) -> int:
@@ -144,9 +147,9 @@ def _panels(log_history: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[tu
     return panels
 
 
-def _window(points: list[tuple[int, float]]) -> int:
-    # A constant series (the learning rate of a constant schedule) has nothing to smooth.
-    return 1 if len({v for _, v in points}) == 1 else smoothing_window(len(points))
+def _window(panel: str, points: list[tuple[int, float]]) -> int:
+    # A state (`_NOT_SMOOTHED`) or a constant series has nothing to smooth.
+    return 1 if panel in _NOT_SMOOTHED or len({v for _, v in points}) == 1 else smoothing_window(len(points))
 
 
 def plot_training_curves(
@@ -183,7 +186,7 @@ def plot_training_curves(
     for ax, (name, drawn, ylabel) in zip(axes, panels):
         for label, points in drawn:
             steps, values = zip(*points)
-            window = _window(points)
+            window = _window(name, points)
             if window == 1:
                 ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
                 continue
@@ -204,7 +207,7 @@ def plot_training_curves(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        if len(drawn) > 1 or (name == "loss" and frozen_at is not None) or _window(drawn[0][1]) > 1:
+        if len(drawn) > 1 or (name == "loss" and frozen_at is not None) or _window(name, drawn[0][1]) > 1:
             ax.legend(fontsize=7)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
