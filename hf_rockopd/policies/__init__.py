@@ -38,6 +38,7 @@ from .base import (
     get_policy,
     parse_policy_kwargs,
     policy_config_class,
+    policy_summary,
     register_policy,
 )
 from .configs import (
@@ -78,5 +79,6 @@ __all__ = [
     "get_policy",
     "parse_policy_kwargs",
     "policy_config_class",
+    "policy_summary",
     "register_policy",
 ]

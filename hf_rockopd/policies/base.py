@@ -206,6 +206,27 @@ def available_policies() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def policy_summary(name: str) -> str | None:
+    """What the registered policy `name` does, in one line: the first line of its class's own docstring (None for a
+    name not registered in this process, such as a custom policy whose module was not imported, or a class without
+    a docstring).
+
+    The model card states it, so that a reader learns what the run's policy did without reading the code.
+
+    Example:
+    ```python
+    >>> from hf_rockopd.policies import policy_summary
+    >>> policy_summary("uniform")
+    'Plain on-policy distillation: every valid completion token has weight 1.'
+    >>> policy_summary("not_registered") is None
+    True
+    ```
+    """
+    # The class's own docstring: one inherited from TokenPolicy would describe the interface, not this policy.
+    doc = _REGISTRY[name].__dict__.get("__doc__") if name in _REGISTRY else None
+    return inspect.cleandoc(doc).splitlines()[0] if doc and doc.strip() else None
+
+
 def _policy_class(name: str) -> type[TokenPolicy]:
     if name not in _REGISTRY:
         raise ValueError(f"Unknown rock_policy {name!r}. Available policies: {', '.join(available_policies())}.")

@@ -30,6 +30,7 @@ from transformers.utils import logging
 
 from .._version import __version__
 from ..models.sources import GGUF_SOURCES
+from ..policies import policy_summary
 from .card_setup import format_setting, hub_dataset_id, is_hub_id, reproduce_config, setting_rows
 from .limitations import limitations
 
@@ -48,6 +49,7 @@ EVAL_FIELDS = (
     "num_problems",
     "finished_rate",
     "clipped_ratio",
+    "cut_ratio",
     "loop_rate",
     "repeated_ngram_fraction",
     "distinct_1",
@@ -78,10 +80,11 @@ def _number(value: Any) -> str:
 
 
 def _float(value: float, sign: str = "") -> str:
-    # Four decimals read well for accuracies and divergences near 1; tiny values would all print as 0.0000.
+    # Four decimals read well for rates, accuracies and divergences (a change of 0.0080 in a rate); values below
+    # 0.001 would lose their digits to 0.000x, so they are written in scientific notation.
     if not math.isfinite(value):
         return str(value)
-    if value != 0 and abs(value) < 0.01:
+    if value != 0 and abs(value) < 0.001:
         return f"{value:{sign}.3e}"
     return f"{value:{sign}.4f}"
 
@@ -127,6 +130,8 @@ def _eval_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict
         if (key not in before and key not in after) or key in bounds:
             continue
         b, a = before.get(key), after.get(key)
+        if b is None and a is None:
+            continue  # measured by neither evaluation (no teacher at evaluation time, no rock set): an empty row
         rows.append({"name": key, "before": _with_interval(before, key), "after": _with_interval(after, key),
                      "delta": _delta(b, a)})
     return rows
@@ -147,6 +152,15 @@ def _eval_settings(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
         if not (k in a and k in b and a[k] == b[k])
     ]
     return "; ".join(parts)
+
+
+def _policy_phrase(name: str) -> str | None:
+    # The policy's one-line docstring as a phrase inside the card's sentence: "(plain on-policy distillation: ...)".
+    summary = policy_summary(name)
+    if not summary:
+        return None
+    summary = summary.rstrip(".")
+    return summary[0].lower() + summary[1:] if summary[:2].istitle() else summary
 
 
 def _load_snippet(model_id: str, student: Mapping[str, Any]) -> str:
@@ -386,6 +400,7 @@ def card_sections(
         "model_name": str(student["name"]),
         "hf_rockopd_version": version,
         "trainer": _trainer(report),
+        "policy": {"name": str(report["policy"]["name"]), "summary": _policy_phrase(str(report["policy"]["name"]))},
         "teacher": {
             "name": name,
             "link": f"[`{name}`](https://huggingface.co/{name})" if is_hub_id(name) else f"`{name}`",

@@ -226,10 +226,17 @@ def setting_rows(report: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     listed = {key for _, keys in SETTING_GROUPS for key in keys}
     for group, keys in SETTING_GROUPS:
         rows += [(group, key, f"`{format_setting(training[key])}`") for key in keys if key in training]
-    if training.get("resumed_from_step") and "train_seconds" in training:
-        # A resumed run's report times its last sitting only: 0.1 s for a run that resumed its last checkpoint.
-        at = next(i for i, row in enumerate(rows) if row[1] == "train_seconds")
-        rows[at] = (*rows[at][:2], f"{rows[at][2]} (the last sitting only, after step {training['resumed_from_step']})")
+    resumed = training.get("resumed_from_step")
+    if resumed:
+        # A resumed run's report times its last sitting only; one that resumed its last checkpoint trained nothing
+        # (it was run again to evaluate), so its train_seconds are the checkpoint's loading, not training.
+        finished = resumed >= (training.get("global_step") or 0)
+        sitting = {
+            "train_seconds": "the last sitting only: it resumed the finished run to evaluate it and trained nothing"
+            if finished else f"the last sitting only, after step {resumed}",
+            "total_seconds": "the last sitting only",
+        }
+        rows = [(g, k, f"{v} ({sitting[k]})" if k in sitting else v) for g, k, v in rows]
     timed = training.pop("timed_steps", None)
     if timed and "step_seconds" in training:
         # The time inside optimizer steps over every sitting (hf_rockopd.trainers.clock): say which steps it covers.
