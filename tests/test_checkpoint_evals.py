@@ -36,7 +36,8 @@ class _Sitting:
             self.evaluated.append(self.state.global_step)
             return _result(self.state.global_step)
 
-        self.callback = CheckpointEvaluation(path, evaluate, on_line=lambda text: None, every=every, **cache)
+        self.lines = []
+        self.callback = CheckpointEvaluation(path, evaluate, on_line=self.lines.append, every=every, **cache)
         self.callback.on_train_begin(None, self.state, None, model=object())
 
     def save(self, step):
@@ -65,6 +66,9 @@ def test_every_checkpoint_by_default(tmp_path):
     for step in (1, 2, 3):
         sitting.save(step)
     assert sitting.evaluated == [0, 1, 2, 3]
+    # The console line rounds the divergence as the report's tables do.
+    assert sitting.lines[1] == (
+        "step 1: accuracy 0.010 [0.000, 1.000] on 3 problems, teacher-forced divergence 0.1000, cut 0.00")
 
 
 def test_a_step0_line_saved_by_hand_is_reused_under_its_key_only(tmp_path):

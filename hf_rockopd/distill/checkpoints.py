@@ -178,10 +178,12 @@ class CheckpointEvaluation(TrainerCallback):
             if step == 0 and self.step0_cache is not None:
                 save_step0_line(self.step0_cache, self.key, row)
         self._append(row)
+        divergence = row["teacher_forced_divergence"]
         self.on_line(
             f"step {step}: accuracy {row['accuracy']:.3f} "
             f"[{row['accuracy_low']:.3f}, {row['accuracy_high']:.3f}] on {row['num_problems']} problems, "
-            f"teacher-forced divergence {row['teacher_forced_divergence']}, cut {row['cut_ratio']:.2f}"
+            f"teacher-forced divergence {'not measured' if divergence is None else f'{divergence:.4f}'}, "
+            f"cut {row['cut_ratio']:.2f}"
         )
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
