@@ -392,7 +392,7 @@ def card_sections(
         missing = any("—" in (row["before"], row["after"]) for row in rows)
         evaluation = {"rows": rows, "settings": _eval_settings(before, after), "missing": missing}
     rows, empty_reason = _rock_rows(rock_tokens)
-    name = str(teacher["name"])
+    name, policy = str(teacher["name"]), str(report["policy"]["name"])
     verdict = _verdict(report.get("verdict"))
     version = report.get("hf_rockopd_version") or __version__
     model_id, load_hint = _how_to_fill(model_id, str(student["name"]))
@@ -400,7 +400,7 @@ def card_sections(
         "model_name": str(student["name"]),
         "hf_rockopd_version": version,
         "trainer": _trainer(report),
-        "policy": {"name": str(report["policy"]["name"]), "summary": _policy_phrase(str(report["policy"]["name"]))},
+        "policy": {"name": policy, "summary": _policy_phrase(policy)},
         "teacher": {
             "name": name,
             "link": f"[`{name}`](https://huggingface.co/{name})" if is_hub_id(name) else f"`{name}`",
